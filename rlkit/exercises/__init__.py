@@ -1,0 +1,350 @@
+"""Checkers for the book's exercises.
+
+Each chapter registers its exercises in ``rlkit/exercises/chNN.py``::
+
+    register(Exercise(name="reward_to_go", chapter=1, reference=_reference,
+                      cases=[Case(args=(rewards, discounts), label="one episode")],
+                      mistakes=[Mistake(_forgot_reset, "the discount is not zeroed at termination")]))
+
+and a student writes a function with the same name and calls ``check(reward_to_go)``.
+``check`` runs the student's function and the reference on every case and explains the
+first thing that differs: an exception, the wrong number of outputs, the wrong shape or
+dtype, NaNs, an input modified in place, or the first differing element, followed by a
+likely cause. Likely causes come from two places: the exercise's registered mistakes (a
+buggy variant whose outputs the student's match exactly), and generic patterns (a sign
+flip, a constant factor, a shift by one step in time, time reversed).
+
+``check`` returns a :class:`CheckResult`, truthy when every case matched, so a notebook can
+``assert check(my_fn)``. Instructors can grade with :func:`grade`, which runs the checks for
+a whole namespace of student functions and returns a table of results.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+__all__ = ["Case", "Mistake", "Exercise", "CheckResult", "register", "check", "grade", "exercises", "get"]
+
+
+@dataclass
+class Case:
+    """One input to an exercise: positional ``args``, keyword ``kwargs`` and a readable ``label``."""
+
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+    label: str = ""
+
+
+@dataclass
+class Mistake:
+    """A known wrong variant of the reference and the cause to report when a student matches it."""
+
+    fn: Callable
+    cause: str
+
+
+@dataclass
+class Exercise:
+    """An exercise: its reference solution, the cases it is checked on and the mistakes it knows."""
+
+    name: str
+    chapter: int
+    reference: Callable
+    cases: Sequence[Case] | Callable[[], Sequence[Case]]
+    mistakes: Sequence[Mistake] = ()
+    atol: float = 1e-6
+    rtol: float = 1e-5
+    description: str = ""
+
+    def get_cases(self) -> list[Case]:
+        cases = self.cases() if callable(self.cases) else self.cases
+        cases = list(cases)
+        if not cases:
+            raise ValueError(f"exercise {self.name!r} has no cases")
+        for c in cases:
+            if not isinstance(c, Case):
+                raise TypeError(f"exercise {self.name!r}: cases must be Case objects, got {type(c).__name__}")
+        return cases
+
+
+@dataclass
+class CheckResult:
+    """What :func:`check` found. ``bool(result)`` is True iff every case matched."""
+
+    name: str
+    passed: bool
+    message: str
+    cases_passed: int = 0
+    cases_total: int = 0
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def __repr__(self) -> str:
+        status = "passed" if self.passed else "failed"
+        return f"CheckResult({self.name!r}, {status}, {self.cases_passed}/{self.cases_total} cases)"
+
+
+_REGISTRY: dict[str, Exercise] = {}
+_LOADED = False
+
+
+def register(exercise: Exercise) -> Exercise:
+    """Add an exercise to the registry (a later registration with the same name replaces it)."""
+    if not isinstance(exercise, Exercise):
+        raise TypeError(f"register: exercise must be an Exercise, got {type(exercise).__name__}")
+    _REGISTRY[exercise.name] = exercise
+    return exercise
+
+
+def _load_all() -> None:
+    global _LOADED
+    if _LOADED:
+        return
+    for info in pkgutil.iter_modules(__path__):
+        if info.name.startswith("ch"):
+            importlib.import_module(f"{__name__}.{info.name}")
+    _LOADED = True
+
+
+def exercises(chapter: int | None = None) -> list[Exercise]:
+    """All registered exercises (optionally of one chapter), sorted by chapter and name."""
+    _load_all()
+    out = [e for e in _REGISTRY.values() if chapter is None or e.chapter == chapter]
+    return sorted(out, key=lambda e: (e.chapter, e.name))
+
+
+def get(name: str) -> Exercise:
+    """The exercise registered under ``name``; the error lists the known names."""
+    _load_all()
+    if name not in _REGISTRY:
+        known = ", ".join(sorted(_REGISTRY)) or "(none)"
+        raise KeyError(f"no exercise named {name!r}; known exercises: {known}")
+    return _REGISTRY[name]
+
+
+# ----------------------------------------------------------------------------- comparison helpers
+
+def _clone(x):
+    if isinstance(x, torch.Tensor):
+        return x.detach().clone()
+    if isinstance(x, np.ndarray):
+        return x.copy()
+    if isinstance(x, (list, tuple)):
+        return type(x)(_clone(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _clone(v) for k, v in x.items()}
+    return x
+
+
+def _flatten(out) -> list:
+    if isinstance(out, (tuple, list)):
+        items = []
+        for o in out:
+            items.extend(_flatten(o))
+        return items
+    return [out]
+
+
+def _as_tensor(x):
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu()
+    if isinstance(x, np.ndarray):
+        return torch.from_numpy(x)
+    if isinstance(x, (bool, int, float, np.floating, np.integer)):
+        return torch.tensor(float(x), dtype=torch.float64)
+    return None
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float) -> bool:
+    if a.shape != b.shape:
+        return False
+    a64, b64 = a.to(torch.float64), b.to(torch.float64)
+    return bool(torch.allclose(a64, b64, atol=atol, rtol=rtol, equal_nan=True))
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.6g}"
+
+
+def _generic_cause(got: torch.Tensor, exp: torch.Tensor, atol: float, rtol: float) -> str | None:
+    """Recognise a few patterns that explain most wrong answers."""
+    g, e = got.to(torch.float64), exp.to(torch.float64)
+    if not torch.isfinite(g).all() or not torch.isfinite(e).all():
+        return None
+    if e.abs().max() > atol and _close(g, -e, atol, rtol):
+        return "your result is the reference with the sign flipped (a loss must be minimised: did you drop or add a minus sign?)"
+    nz = e.abs() > 1e-9
+    if nz.any():
+        ratio = g[nz] / e[nz]
+        c = ratio.median()
+        if torch.isfinite(c) and abs(float(c) - 1.0) > 1e-3 and _close(g, c * e, atol, rtol):
+            return (f"your result is the reference times a constant {float(c):.4g} "
+                    "(a missing or extra normalisation, e.g. dividing by the wrong count)")
+    if e.dim() >= 1 and e.shape[-1] >= 3:
+        if _close(g[..., :-1], e[..., 1:], atol, rtol):
+            return "your values are shifted one step earlier in time than expected (an off-by-one in the time index)"
+        if _close(g[..., 1:], e[..., :-1], atol, rtol):
+            return "your values are shifted one step later in time than expected (an off-by-one in the time index)"
+        if _close(g, e.flip(-1), atol, rtol):
+            return "your result is the reference reversed in time (a backward recursion stored in forward order, or vice versa)"
+    return None
+
+
+def _compare(got_out, exp_out, ex: Exercise) -> str | None:
+    """None if equal, else a description of the first difference."""
+    got_items, exp_items = _flatten(got_out), _flatten(exp_out)
+    if len(got_items) != len(exp_items):
+        return f"expected {len(exp_items)} output(s), got {len(got_items)}"
+    for k, (g, e) in enumerate(zip(got_items, exp_items)):
+        where = f"output {k}: " if len(exp_items) > 1 else ""
+        et = _as_tensor(e)
+        gt = _as_tensor(g)
+        if et is None:  # non-numeric expected output: compare by equality
+            if g != e:
+                return f"{where}expected {e!r}, got {g!r}"
+            continue
+        if gt is None:
+            return f"{where}expected a tensor or number, got {type(g).__name__}"
+        if isinstance(e, torch.Tensor) and not isinstance(g, torch.Tensor):
+            return f"{where}expected a torch.Tensor, got {type(g).__name__}"
+        if gt.shape != et.shape:
+            hint = ""
+            if gt.numel() == et.numel() and gt.dim() != et.dim():
+                hint = " (same elements, different rank: an extra or missing dimension of size 1?)"
+            elif gt.numel() == et.numel():
+                hint = " (same number of elements: a transpose or a reshape in the wrong order?)"
+            elif gt.dim() == et.dim() - 1 or gt.numel() == 1:
+                hint = " (did you reduce over a dimension that should be kept?)"
+            elif gt.dim() == et.dim() + 1:
+                hint = " (an extra dimension: did you forget to reduce or squeeze?)"
+            return f"{where}wrong shape: expected {tuple(et.shape)}, got {tuple(gt.shape)}{hint}"
+        if et.is_floating_point() and not gt.is_floating_point():
+            return (f"{where}expected a floating-point result, got dtype {gt.dtype} "
+                    "(integer arithmetic truncates; convert with .float())")
+        if _close(gt, et, ex.atol, ex.rtol):
+            continue
+        g64, e64 = gt.to(torch.float64), et.to(torch.float64)
+        if torch.isnan(g64).any() and not torch.isnan(e64).any():
+            idx = tuple(int(i) for i in torch.nonzero(torch.isnan(g64))[0]) if g64.dim() else ()
+            return f"{where}your result has NaN at index {idx} where the reference is finite"
+        bad = ~torch.isclose(g64, e64, atol=ex.atol, rtol=ex.rtol, equal_nan=True)
+        if g64.dim() == 0:
+            msg = f"{where}expected {_fmt(float(e64))}, got {_fmt(float(g64))}"
+        else:
+            idx = tuple(int(i) for i in torch.nonzero(bad)[0])
+            msg = (f"{where}{int(bad.sum())} of {bad.numel()} elements differ; the first at index {idx}: "
+                   f"expected {_fmt(float(e64[idx]))}, got {_fmt(float(g64[idx]))}")
+        cause = _generic_cause(gt, et, ex.atol, ex.rtol)
+        if cause:
+            msg += f"\n   likely cause: {cause}"
+        return msg
+    return None
+
+
+def _describe_case(case: Case, i: int) -> str:
+    return f"case {i + 1}" + (f" ({case.label})" if case.label else "")
+
+
+def _inputs_modified(before, after) -> list[str]:
+    changed = []
+    for k, (b, a) in enumerate(zip(_flatten(before), _flatten(after))):
+        if isinstance(b, torch.Tensor) and isinstance(a, torch.Tensor):
+            if b.shape != a.shape or not torch.equal(b, a):
+                changed.append(f"argument {k}")
+    return changed
+
+
+def check(student_fn: Callable, name: str | None = None, verbose: bool = True) -> CheckResult:
+    """Check a student's function against the exercise of the same name (or ``name``).
+
+    Runs the student's function and the reference on every case, stops at the first case
+    that differs, and reports what differs and its likely cause. Prints the report when
+    ``verbose`` and returns a :class:`CheckResult` (truthy iff every case matched).
+    """
+    if not callable(student_fn):
+        raise TypeError(f"check: student_fn must be a function, got {type(student_fn).__name__}")
+    ex_name = name if name is not None else getattr(student_fn, "__name__", None)
+    if not isinstance(ex_name, str):
+        raise TypeError("check: pass name='...' for a callable without a __name__")
+    ex = get(ex_name)
+    cases = ex.get_cases()
+    passed = 0
+    failure = None
+    for i, case in enumerate(cases):
+        expected = ex.reference(*_clone(case.args), **_clone(case.kwargs))
+        args, kwargs = _clone(case.args), _clone(case.kwargs)
+        try:
+            got = student_fn(*args, **kwargs)
+        except NotImplementedError:
+            failure = f"{_describe_case(case, i)}: not implemented yet (the function raised NotImplementedError)"
+            break
+        except Exception as err:  # report the student's exception, don't crash the notebook
+            failure = f"{_describe_case(case, i)}: your function raised {type(err).__name__}: {err}"
+            break
+        changed = _inputs_modified(case.args, args)
+        if changed:
+            failure = (f"{_describe_case(case, i)}: your function modified its input in place "
+                       f"({', '.join(changed)}); work on a copy")
+            break
+        diff = _compare(got, expected, ex)
+        if diff is not None:
+            failure = f"{_describe_case(case, i)}: {diff}"
+            known = _match_mistake(student_fn, ex, cases)
+            if known is not None:
+                failure += f"\n   likely cause: {known}"
+            break
+        passed += 1
+    total = len(cases)
+    if failure is None:
+        message = (f"✓ {ex.name}: " + ("the case matches" if total == 1 else f"all {total} cases match")
+                   + " the reference. Well done!")
+        ok = True
+    else:
+        message = f"✗ {ex.name}: {passed} of {total} cases passed.\n   {failure}"
+        ok = False
+    if verbose:
+        print(message)
+    return CheckResult(ex.name, ok, message, passed, total)
+
+
+def _match_mistake(student_fn, ex: Exercise, cases: list[Case]) -> str | None:
+    for mistake in ex.mistakes:
+        try:
+            same = True
+            for case in cases:
+                m_out = mistake.fn(*_clone(case.args), **_clone(case.kwargs))
+                s_out = student_fn(*_clone(case.args), **_clone(case.kwargs))
+                probe = Exercise(ex.name, ex.chapter, ex.reference, [case], atol=ex.atol, rtol=ex.rtol)
+                if _compare(s_out, m_out, probe) is not None:
+                    same = False
+                    break
+            if same:
+                return mistake.cause
+        except Exception:
+            continue
+    return None
+
+
+def grade(namespace: dict, chapter: int | None = None, verbose: bool = False) -> list[CheckResult]:
+    """Check every exercise (of ``chapter``, or all) whose function is defined in ``namespace``.
+
+    For instructors: ``grade(vars(student_module))`` or, in a notebook, ``grade(globals())``.
+    Exercises without a matching function are reported as missing (not passed).
+    """
+    if not isinstance(namespace, dict):
+        raise TypeError(f"grade: namespace must be a dict (e.g. vars(module)), got {type(namespace).__name__}")
+    results = []
+    for ex in exercises(chapter):
+        fn = namespace.get(ex.name)
+        if fn is None or not callable(fn):
+            results.append(CheckResult(ex.name, False, f"✗ {ex.name}: missing", 0, 0))
+            continue
+        results.append(check(fn, verbose=verbose))
+    return results

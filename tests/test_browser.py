@@ -1,0 +1,169 @@
+"""Open built pages in a real browser (headless Chromium) and check what a reader sees.
+
+For each chapter page (and the notation page) the test serves `_build/html` on 127.0.0.1,
+loads a copy of the page with a small probe script appended, and reads the probe's report
+from the rendered DOM: MathJax typeset the math (no raw `$$`, no MathJax errors), every
+figure image loaded, and ipywidgets rendered from the saved widget state. It also saves a
+screenshot of chapter 1 under `_build/screenshots/`.
+
+Without Chromium the test skips with a message on a reader's machine, and fails in CI
+(`CI` set), where `.ci/run` installs Debian's `chromium`.
+"""
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parent.parent
+HTML = ROOT / "_build" / "html"
+SHOTS = ROOT / "_build" / "screenshots"
+
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--disable-dev-shm-usage", "--hide-scrollbars"]
+
+PROBE = """
+<script>
+(function () {
+  function report() {
+    var main = document.querySelector('main') || document.body;
+    var imgs = Array.prototype.slice.call(main.querySelectorAll('img'));
+    var text = main.innerText || '';
+    var r = {
+      math: main.querySelectorAll('mjx-container').length,
+      math_errors: main.querySelectorAll('mjx-merror, [data-mjx-error]').length,
+      raw_display_math: (text.match(/\\$\\$/g) || []).length,
+      images: imgs.length,
+      images_broken: imgs.filter(function (i) { return !(i.complete && i.naturalWidth > 0); })
+                         .map(function (i) { return i.getAttribute('src'); }),
+      widget_views: main.querySelectorAll('.jupyter-widgets, .widget-slider, .widget-inline-hbox').length,
+      widget_scripts: main.querySelectorAll('script[type="application/vnd.jupyter.widget-view+json"]').length
+    };
+    var pre = document.createElement('pre');
+    pre.id = 'rlkit-probe';
+    pre.textContent = JSON.stringify(r);
+    document.body.appendChild(pre);
+  }
+  window.addEventListener('load', function () {
+    var wait = (window.MathJax && MathJax.startup && MathJax.startup.promise) || Promise.resolve();
+    wait.then(function () { setTimeout(report, 1500); });
+  });
+})();
+</script>
+"""
+
+
+def _chromium():
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser():
+    path = _chromium()
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail("Chromium is not installed; .ci/run must install Debian's 'chromium' package")
+        pytest.skip("headless Chromium not found: install it (Debian/Ubuntu: apt install chromium) "
+                    "to run the browser checks")
+    if not (HTML / "index.html").exists():
+        pytest.fail("the book is not built (_build/html/index.html missing): run the book build first")
+    return path
+
+
+@pytest.fixture(scope="module")
+def server():
+    handler = functools.partial(_QuietHandler, directory=str(HTML))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+def _run_chromium(browser, args, timeout=120):
+    with tempfile.TemporaryDirectory() as profile:
+        cmd = [browser, *FLAGS, f"--user-data-dir={profile}", *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def _probe(browser, server, page: Path) -> dict:
+    probe_page = page.with_name("_probe_" + page.name)
+    html = page.read_text()
+    probe_page.write_text(html.replace("</body>", PROBE + "</body>"))
+    try:
+        url = f"{server}/{probe_page.relative_to(HTML).as_posix()}"
+        proc = _run_chromium(browser, ["--virtual-time-budget=30000", "--run-all-compositor-stages-before-draw",
+                                       "--dump-dom", url])
+    finally:
+        probe_page.unlink()
+    m = re.search(r'<pre id="rlkit-probe">(.*?)</pre>', proc.stdout, re.S)
+    assert m, f"the probe did not report for {page.name}; chromium said:\n{proc.stderr[-2000:]}"
+    return json.loads(m.group(1).replace("&quot;", '"'))
+
+
+def _pages():
+    pages = sorted((HTML / "lessons").glob("[0-9]*.html")) if (HTML / "lessons").exists() else []
+    notation = HTML / "book" / "notation.html"
+    return pages + ([notation] if notation.exists() else [])
+
+
+def test_chapter_pages_render_math_figures_and_widgets(browser, server):
+    pages = _pages()
+    assert pages, "no chapter pages in _build/html/lessons"
+    problems = []
+    for page in pages:
+        r = _probe(browser, server, page)
+        name = page.relative_to(HTML).as_posix()
+        print(f"{name}: {r}")
+        if r["math"] == 0:
+            problems.append(f"{name}: no typeset math (MathJax did not run?)")
+        if r["math_errors"]:
+            problems.append(f"{name}: {r['math_errors']} MathJax errors (undefined macro or bad TeX)")
+        if r["raw_display_math"]:
+            problems.append(f"{name}: {r['raw_display_math']} raw '$$' left in the text")
+        if r["images_broken"]:
+            problems.append(f"{name}: images that did not load: {r['images_broken'][:5]}")
+        if page.parent.name == "lessons" and r["images"] == 0:
+            problems.append(f"{name}: a chapter without a single figure")
+        if r["widget_scripts"] and r["widget_views"] == 0:
+            problems.append(f"{name}: {r['widget_scripts']} widget outputs but none rendered")
+    assert not problems, "\n".join(problems)
+
+
+def test_chapter_one_widget_renders(browser, server):
+    pages = sorted((HTML / "lessons").glob("01_*.html"))
+    assert pages, "chapter 1 is not built"
+    r = _probe(browser, server, pages[0])
+    assert r["widget_scripts"] >= 1, "chapter 1 has no widget output in the built page"
+    assert r["widget_views"] >= 1, "chapter 1's widget did not render in the browser"
+
+
+def test_screenshot_of_a_chapter(browser, server):
+    pages = sorted((HTML / "lessons").glob("01_*.html")) or _pages()
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    shot = SHOTS / (pages[0].stem + ".png")
+    url = f"{server}/{pages[0].relative_to(HTML).as_posix()}"
+    _run_chromium(browser, ["--window-size=1280,1600", "--virtual-time-budget=20000",
+                            f"--screenshot={shot}", url])
+    assert shot.exists() and shot.stat().st_size > 20_000, f"screenshot {shot} missing or blank"
