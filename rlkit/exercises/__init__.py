@@ -346,5 +346,5 @@ def grade(namespace: dict, chapter: int | None = None, verbose: bool = False) ->
         if fn is None or not callable(fn):
             results.append(CheckResult(ex.name, False, f"✗ {ex.name}: missing", 0, 0))
             continue
-        results.append(check(fn, verbose=verbose))
+        results.append(check(fn, name=ex.name, verbose=verbose))
     return results
