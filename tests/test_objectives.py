@@ -1,0 +1,418 @@
+"""Tests for rlkit.objectives against per-token Python loops written from the papers."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from rlkit.objectives import (AGGREGATIONS, AdaptiveKLController, aggregate,
+                              decoupled_ppo_loss, geppo_loss, grpo_advantages,
+                              normalize_advantages, policy_gradient_loss, ppo_clip_loss,
+                              rloo_advantages)
+
+torch.set_num_threads(1)
+SET = settings(max_examples=30, deadline=None)
+D64 = torch.float64
+
+
+def data(B=4, T=6, seed=0, scale=1.0, dtype=D64):
+    g = torch.Generator().manual_seed(seed)
+    new = (torch.randn(B, T, generator=g, dtype=dtype) * scale).requires_grad_(True)
+    old = torch.randn(B, T, generator=g, dtype=dtype) * scale
+    beh = torch.randn(B, T, generator=g, dtype=dtype) * scale
+    adv = torch.randn(B, T, generator=g, dtype=dtype)
+    mask = torch.rand(B, T, generator=g) < 0.7
+    mask[:, 0] = True
+    return new, old, beh, adv, mask
+
+
+# ----------------------------------------------------------------------------------------------
+# slow references
+# ----------------------------------------------------------------------------------------------
+
+def ref_aggregate(x, m, mode, max_len=None):
+    x, m = x.tolist(), m.tolist()
+    B, T = len(x), len(x[0])
+    if mode == "token-mean":
+        s = sum(x[i][t] for i in range(B) for t in range(T) if m[i][t])
+        n = sum(1 for i in range(B) for t in range(T) if m[i][t])
+        return s / max(n, 1)
+    if mode == "seq-mean-token-mean":
+        per = []
+        for i in range(B):
+            n = sum(m[i])
+            if n:
+                per.append(sum(x[i][t] for t in range(T) if m[i][t]) / n)
+        return sum(per) / max(len(per), 1)
+    L = max_len or T
+    return sum(x[i][t] for i in range(B) for t in range(T) if m[i][t]) / (B * L)
+
+
+def ref_ppo_token(lpn, lpo, a, eps, eps_high, dual):
+    r = math.exp(lpn - lpo)
+    lo, hi = 1 - eps, 1 + eps_high
+    rc = min(max(r, lo), hi)
+    obj = min(r * a, rc * a)
+    if dual is not None and a < 0:
+        obj = max(obj, dual * a)
+    clipped = rc * a < r * a
+    return -obj, clipped
+
+
+def ref_ppo_grad_token(lpn, lpo, a, eps, eps_high, dual):
+    """d(-objective)/d logp_new for one token: -r*a if the unclipped branch is active, else 0."""
+    r = math.exp(lpn - lpo)
+    lo, hi = 1 - eps, 1 + eps_high
+    if a >= 0:
+        active = r <= hi
+    else:
+        active = r >= lo
+        if dual is not None and r * a < dual * a:
+            active = False
+    return -r * a if active else 0.0
+
+
+# ----------------------------------------------------------------------------------------------
+# aggregation
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", AGGREGATIONS)
+def test_aggregate_vs_reference(mode):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(5, 7, generator=g, dtype=D64)
+    m = torch.rand(5, 7, generator=g) < 0.6
+    m[2] = False  # an empty sequence
+    got = aggregate(x, m, mode)
+    assert abs(got.item() - ref_aggregate(x, m, mode)) < 1e-12
+    # no mask == all-ones mask
+    assert torch.allclose(aggregate(x, None, mode), aggregate(x, torch.ones_like(m), mode))
+    if mode == "seq-mean-token-sum-norm":
+        assert abs(aggregate(x, m, mode, max_len=20).item() - ref_aggregate(x, m, mode, 20)) < 1e-12
+
+
+def test_aggregate_gradient_weights():
+    # lengths 1 and 3, padded length 4
+    m = torch.tensor([[1, 0, 0, 0], [1, 1, 1, 0]], dtype=torch.bool)
+    x = torch.zeros(2, 4, dtype=D64, requires_grad=True)
+    want = {
+        "token-mean": [[1 / 4, 0, 0, 0], [1 / 4, 1 / 4, 1 / 4, 0]],
+        "seq-mean-token-mean": [[1 / 2, 0, 0, 0], [1 / 6, 1 / 6, 1 / 6, 0]],
+        "seq-mean-token-sum-norm": [[1 / 8, 0, 0, 0], [1 / 8, 1 / 8, 1 / 8, 0]],
+    }
+    for mode, w in want.items():
+        (gx,) = torch.autograd.grad(aggregate(x, m, mode), x)
+        assert torch.allclose(gx, torch.tensor(w, dtype=D64)), mode
+
+
+def test_aggregate_padding_garbage_and_empty_mask():
+    x = torch.tensor([[1.0, float("nan")], [2.0, float("inf")]], requires_grad=True)
+    m = torch.tensor([[1, 0], [1, 0]])
+    for mode in AGGREGATIONS:
+        v = aggregate(x, m, mode)
+        assert torch.isfinite(v)
+        (gx,) = torch.autograd.grad(v, x)
+        assert torch.isfinite(gx).all()
+        assert aggregate(x, torch.zeros_like(m), mode).item() == 0.0
+
+
+# ----------------------------------------------------------------------------------------------
+# policy gradient and PPO
+# ----------------------------------------------------------------------------------------------
+
+def test_policy_gradient_loss_gradient():
+    new, _, _, adv, mask = data()
+    loss = policy_gradient_loss(new, adv, mask)
+    (g,) = torch.autograd.grad(loss, new)
+    n = mask.sum().item()
+    assert torch.allclose(g, torch.where(mask, -adv / n, torch.zeros((), dtype=D64)))
+    # advantages are constants: no gradient flows into them
+    a = adv.clone().requires_grad_(True)
+    policy_gradient_loss(new, a, mask).backward()
+    assert a.grad is None
+
+
+@given(seed=st.integers(0, 10_000), eps=st.floats(0.05, 0.5), high=st.floats(0.05, 0.8),
+       dual=st.one_of(st.none(), st.floats(1.5, 5.0)), mode=st.sampled_from(AGGREGATIONS))
+@SET
+def test_ppo_clip_vs_reference_loop(seed, eps, high, dual, mode):
+    new, old, _, adv, mask = data(seed=seed, scale=0.3)
+    loss, stats = ppo_clip_loss(new, old, adv, eps=eps, eps_high=high, dual_clip=dual,
+                                mask=mask, aggregation=mode)
+    B, T = new.shape
+    tok = torch.zeros(B, T, dtype=D64)
+    gtok = torch.zeros(B, T, dtype=D64)
+    clipped = 0
+    for i in range(B):
+        for t in range(T):
+            l, c = ref_ppo_token(new[i, t].item(), old[i, t].item(), adv[i, t].item(), eps,
+                                 high, dual)
+            tok[i, t] = l
+            gtok[i, t] = ref_ppo_grad_token(new[i, t].item(), old[i, t].item(),
+                                            adv[i, t].item(), eps, high, dual)
+            clipped += int(c and mask[i, t])
+    assert abs(loss.item() - ref_aggregate(tok, mask, mode)) < 1e-10
+    (g,) = torch.autograd.grad(loss, new)
+    # gradient of the aggregate = per-token gradient times the aggregation weight
+    x = torch.zeros(B, T, dtype=D64, requires_grad=True)
+    (wts,) = torch.autograd.grad(aggregate(x, mask, mode), x)
+    assert torch.allclose(g, gtok * wts, atol=1e-10)
+    assert abs(stats["clip_fraction"].item() - clipped / mask.sum().item()) < 1e-12
+
+
+def test_ppo_stats_approx_kl():
+    new, old, _, adv, mask = data(seed=3, scale=0.2)
+    _, st_ = ppo_clip_loss(new, old, adv, mask=mask)
+    lr = (new - old).detach()[mask]
+    assert abs(st_["approx_kl"].item() - (lr.exp() - 1 - lr).mean().item()) < 1e-12
+    assert abs(st_["approx_kl_k1"].item() - (-lr).mean().item()) < 1e-12
+
+
+def test_ppo_on_policy_gradient_is_policy_gradient():
+    # at ratio = 1 nothing is clipped and the gradient equals the plain policy gradient
+    new, _, _, adv, mask = data(seed=4)
+    loss, st_ = ppo_clip_loss(new, new.detach(), adv, mask=mask)
+    g1 = torch.autograd.grad(loss, new)[0]
+    g2 = torch.autograd.grad(policy_gradient_loss(new, adv, mask), new)[0]
+    assert torch.allclose(g1, g2) and st_["clip_fraction"].item() == 0.0
+
+
+EXTREMES = torch.tensor([[50.0, -50.0, 50.0, -50.0, 0.0, 20.0]])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_extreme_log_ratios_finite(dtype):
+    new = EXTREMES.to(dtype).clone().requires_grad_(True)
+    zero = torch.zeros_like(new).detach()
+    adv = torch.tensor([[1.0, 1.0, -1.0, -1.0, 2.0, -3.0]], dtype=dtype)
+    outs = [
+        ppo_clip_loss(new, zero, adv)[0],
+        ppo_clip_loss(new, zero, adv, dual_clip=3.0, eps_high=0.28)[0],
+        geppo_loss(new, zero - 1.0, -new.detach() * 0.5, adv)[0],
+        geppo_loss(new, zero, zero + 50.0, adv)[0],
+        decoupled_ppo_loss(new, new.detach() * 0.5, zero, adv)[0],   # log w, log r: +-25
+        decoupled_ppo_loss(new, zero, zero + 50.0, adv, behav_clip=2.0)[0],
+        policy_gradient_loss(new, adv),
+    ]
+    for i, loss in enumerate(outs):
+        assert torch.isfinite(loss), i
+        (g,) = torch.autograd.grad(loss, new)
+        assert torch.isfinite(g).all(), i
+    for _, st_ in [ppo_clip_loss(new, zero, adv), geppo_loss(new, zero, zero, adv),
+                   decoupled_ppo_loss(new, zero, zero, adv)]:
+        assert all(torch.isfinite(v) for v in st_.values())
+
+
+def test_padding_with_inf_logprobs_gives_no_nan():
+    new = torch.tensor([[-1.0, float("-inf")]], requires_grad=True)
+    old = torch.tensor([[-1.2, float("-inf")]])
+    adv = torch.tensor([[1.0, float("nan")]])
+    m = torch.tensor([[True, False]])
+    for fn in (lambda: ppo_clip_loss(new, old, adv, mask=m),
+               lambda: geppo_loss(new, old, old, adv, mask=m),
+               lambda: decoupled_ppo_loss(new, old, old, adv, mask=m)):
+        loss, stats = fn()
+        (g,) = torch.autograd.grad(loss, new)
+        assert torch.isfinite(loss) and not torch.isnan(g).any()
+        assert all(torch.isfinite(v) for v in stats.values())
+
+
+def test_gradcheck_objectives_float64():
+    new, old, beh, adv, mask = data(B=3, T=4, seed=5, scale=0.1)
+    fns = [
+        lambda x: policy_gradient_loss(x, adv, mask, "seq-mean-token-mean"),
+        lambda x: ppo_clip_loss(x, old, adv, mask=mask)[0],
+        lambda x: ppo_clip_loss(x, old, adv, eps_high=0.3, dual_clip=2.0, mask=mask,
+                                aggregation="seq-mean-token-sum-norm")[0],
+        lambda x: geppo_loss(x, old, beh, adv, mask=mask)[0],
+        lambda x: decoupled_ppo_loss(x, old, beh, adv, behav_clip=1.5, mask=mask)[0],
+        lambda x: aggregate(x * x, mask, "seq-mean-token-mean"),
+    ]
+    for f in fns:
+        assert torch.autograd.gradcheck(f, (new,))
+
+
+# ----------------------------------------------------------------------------------------------
+# method 1 and method 2 (Part II)
+# ----------------------------------------------------------------------------------------------
+
+def test_geppo_vs_reference_loop():
+    new, prox, beh, adv, mask = data(seed=6, scale=0.4)
+    eps = 0.2
+    loss, stats = geppo_loss(new, prox, beh, adv, eps=eps, mask=mask)
+    B, T = new.shape
+    tok = torch.zeros(B, T, dtype=D64)
+    shift = []
+    for i in range(B):
+        for t in range(T):
+            r_new = math.exp(new[i, t].item() - beh[i, t].item())
+            r_k = math.exp(prox[i, t].item() - beh[i, t].item())
+            a = adv[i, t].item()
+            rc = min(max(r_new, r_k - eps), r_k + eps)
+            tok[i, t] = -min(r_new * a, rc * a)
+            if mask[i, t]:
+                shift.append(abs(r_new - r_k))
+    assert abs(loss.item() - ref_aggregate(tok, mask, "token-mean")) < 1e-10
+    assert abs(stats["update_shift"].item() - 0.5 * np.mean(shift)) < 1e-12
+
+
+def test_geppo_on_policy_is_ppo():
+    new, old, _, adv, mask = data(seed=7, scale=0.3)
+    a = geppo_loss(new, old, old, adv, eps=0.15, mask=mask)[0]
+    b = ppo_clip_loss(new, old, adv, eps=0.15, mask=mask)[0]
+    assert torch.allclose(a, b)
+    ga, gb = (torch.autograd.grad(x, new)[0] for x in (a, b))
+    assert torch.allclose(ga, gb)
+
+
+def test_decoupled_vs_reference_and_identities():
+    new, prox, beh, adv, mask = data(seed=8, scale=0.4)
+    loss, stats = decoupled_ppo_loss(new, prox, beh, adv, eps=0.2, behav_clip=1.3, mask=mask)
+    B, T = new.shape
+    tok = torch.zeros(B, T, dtype=D64)
+    for i in range(B):
+        for t in range(T):
+            w = min(math.exp(prox[i, t].item() - beh[i, t].item()), 1.3)
+            r = math.exp(new[i, t].item() - prox[i, t].item())
+            a = adv[i, t].item()
+            tok[i, t] = -w * min(r * a, min(max(r, 0.8), 1.2) * a)
+    assert abs(loss.item() - ref_aggregate(tok, mask, "token-mean")) < 1e-10
+    # mu = pi_prox: plain PPO
+    a = decoupled_ppo_loss(new, prox, prox, adv, mask=mask)[0]
+    b = ppo_clip_loss(new, prox, adv, mask=mask)[0]
+    assert torch.allclose(a, b)
+    # no truncation: PPO-clip with advantage w * A (the article's A-hat = rho_k A)
+    w = torch.exp(prox - beh)
+    a = decoupled_ppo_loss(new, prox, beh, adv, mask=mask)[0]
+    b = ppo_clip_loss(new, prox, w * adv, mask=mask)[0]
+    assert torch.allclose(a, b)
+    # unclipped region: gradient equals the importance-sampled PG, grad of (pi/mu) A
+    newc = prox.clone().requires_grad_(True)
+    g1 = torch.autograd.grad(decoupled_ppo_loss(newc, prox, beh, adv, mask=mask)[0], newc)[0]
+    is_pg = -(torch.exp(newc - beh) * adv)[mask].sum() / mask.sum()
+    g2 = torch.autograd.grad(is_pg, newc)[0]
+    assert torch.allclose(g1, g2)
+
+
+# ----------------------------------------------------------------------------------------------
+# adaptive KL
+# ----------------------------------------------------------------------------------------------
+
+def test_adaptive_kl_rules():
+    t = 0.01
+    ppo = AdaptiveKLController(1.0, t, "ppo")
+    art = AdaptiveKLController(1.0, t, "article")
+    assert ppo.update(0.02) == 2.0 and art.update(0.02) == 2.0          # > 1.5 target
+    assert ppo.update(0.012) == 2.0 and art.update(0.012) == 2.0        # dead band
+    # 0.6 * target: below target/1.5 (halve under "ppo") but above 0.5 * target ("article")
+    assert ppo.update(0.006) == 1.0 and art.update(0.006) == 2.0
+    assert ppo.update(0.004) == 0.5 and art.update(0.004) == 1.0
+    prop = AdaptiveKLController(1.0, t, "proportional", k_beta=0.1, horizon=1.0)
+    assert math.isclose(prop.update(10 * t), 1.0 * (1 + 0.1 * 0.2))        # error clipped at .2
+    b = prop.beta
+    assert math.isclose(prop.update(1.1 * t), b * (1 + 0.1 * 0.1))
+    b = prop.beta
+    assert math.isclose(prop.update(0.0), b * (1 - 0.1 * 0.2))
+    trl = AdaptiveKLController(0.5, t, "proportional", k_beta=1.0, horizon=10_000)
+    assert math.isclose(trl.update(2 * t, n_steps=256), 0.5 * (1 + 0.2 * 256 / 10_000))
+    assert math.isclose(trl.update(torch.tensor(t), n_steps=256), trl.beta)
+
+
+def test_adaptive_kl_validation():
+    with pytest.raises(ValueError, match="rule"):
+        AdaptiveKLController(1.0, 0.01, "pid")
+    with pytest.raises(ValueError, match="target"):
+        AdaptiveKLController(1.0, 0.0)
+    with pytest.raises(ValueError, match="kl"):
+        AdaptiveKLController().update(float("nan"))
+
+
+# ----------------------------------------------------------------------------------------------
+# GRPO family
+# ----------------------------------------------------------------------------------------------
+
+def test_grpo_hand_worked():
+    r = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.5, 0.5, 0.5, 0.5])
+    a = grpo_advantages(r, 4, eps=0.0 + 1e-12)
+    # group 1: mean .75, sample std = sqrt(.75*.25*4/3) = .5 -> (.5, -1.5, .5, .5)
+    assert torch.allclose(a[:4], torch.tensor([0.5, -1.5, 0.5, 0.5]))
+    assert torch.equal(a[4:], torch.zeros(4))                    # identical rewards
+    assert torch.allclose(grpo_advantages(r, 4, scale="none")[:4],
+                          torch.tensor([0.25, -0.75, 0.25, 0.25]))
+    assert torch.equal(grpo_advantages(r, 1), torch.zeros(8))
+
+
+@given(n=st.integers(1, 4), G=st.integers(2, 6), seed=st.integers(0, 10_000))
+@SET
+def test_grpo_and_rloo_vs_loops(n, G, seed):
+    g = torch.Generator().manual_seed(seed)
+    r = torch.randn(2, n * G, generator=g, dtype=D64)
+    a = grpo_advantages(r, G, eps=1e-6)
+    l = rloo_advantages(r, G)
+    for row in range(2):
+        for k in range(n):
+            grp = r[row, k * G:(k + 1) * G].tolist()
+            mu = sum(grp) / G
+            sd = math.sqrt(sum((x - mu) ** 2 for x in grp) / (G - 1))
+            for j in range(G):
+                assert abs(a[row, k * G + j].item() - (grp[j] - mu) / (sd + 1e-6)) < 1e-9
+                others = [grp[i] for i in range(G) if i != j]
+                assert abs(l[row, k * G + j].item() - (grp[j] - sum(others) / (G - 1))) < 1e-12
+    # RLOO advantages sum to zero in each group and equal G/(G-1) times the centred reward
+    assert torch.allclose(l.reshape(2, n, G).sum(-1), torch.zeros(2, n, dtype=D64), atol=1e-12)
+    assert torch.allclose(l, grpo_advantages(r, G, scale="none") * G / (G - 1))
+
+
+def test_normalize_advantages():
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(4, 7, generator=g, dtype=D64) * 3 + 2
+    m = torch.rand(4, 7, generator=g) < 0.6
+    y = normalize_advantages(x, m)
+    vals = np.array(x[m].tolist())
+    want = (vals - vals.mean()) / (vals.std(ddof=1) + 1e-8)
+    assert np.allclose(y[m].numpy(), want)
+    assert (y[~m] == 0).all()
+    z = normalize_advantages(x)
+    assert abs(z.mean().item()) < 1e-12 and abs(z.std().item() - 1) < 1e-6
+    one = normalize_advantages(torch.tensor([3.0]))
+    assert torch.isfinite(one).all()
+
+
+# ----------------------------------------------------------------------------------------------
+# validation
+# ----------------------------------------------------------------------------------------------
+
+def test_validation_names_arguments():
+    new, old, beh, adv, mask = data()
+    with pytest.raises(ValueError, match="mask"):
+        ppo_clip_loss(new, old, adv, mask=mask[:, :3])
+    with pytest.raises(ValueError, match="advantages"):
+        ppo_clip_loss(new, old, adv[:, :1])
+    with pytest.raises(ValueError, match="logp_old"):
+        ppo_clip_loss(new, old[0], adv)
+    with pytest.raises(TypeError, match="logp_new"):
+        ppo_clip_loss(new.detach().long(), old, adv)
+    with pytest.raises(ValueError, match="eps"):
+        ppo_clip_loss(new, old, adv, eps=1.5)
+    with pytest.raises(ValueError, match="dual_clip"):
+        ppo_clip_loss(new, old, adv, dual_clip=0.5)
+    with pytest.raises(ValueError, match="aggregation"):
+        ppo_clip_loss(new, old, adv, aggregation="sum")
+    with pytest.raises(ValueError, match="logp_behav"):
+        geppo_loss(new, old, beh[:2], adv)
+    with pytest.raises(ValueError, match="behav_clip"):
+        decoupled_ppo_loss(new, old, beh, adv, behav_clip=-1.0)
+    with pytest.raises(ValueError, match="mask"):
+        aggregate(adv, torch.full(adv.shape, 2.0))
+    with pytest.raises(ValueError, match="max_len"):
+        aggregate(adv, None, "seq-mean-token-sum-norm", max_len=0)
+    with pytest.raises(ValueError, match="group_size"):
+        grpo_advantages(torch.zeros(6), 4)
+    with pytest.raises(ValueError, match="scale"):
+        grpo_advantages(torch.zeros(8), 4, scale="mad")
+    with pytest.raises(ValueError, match="group_size"):
+        rloo_advantages(torch.zeros(8), 1)
+    with pytest.raises(TypeError, match="rewards"):
+        grpo_advantages(torch.zeros(8, dtype=torch.int64), 4)
+    with pytest.raises(ValueError, match="mask"):
+        normalize_advantages(torch.zeros(3), torch.ones(4))
