@@ -1,0 +1,211 @@
+r"""Checkers for the exercises of chapter 10, ``lessons/10_static_mixtures.ipynb``.
+
+* ``augmented_transition(P, kernel)``: the kernel of the augmented MDP on :math:`S \times I`,
+  :math:`\tilde P((s',i') | (s,i), a) = P(s'|s,a)\, q(i'|i)`, flat index ``s * M + i``.
+* ``mixture_visitation(P, rho0, policies, alpha, gamma)``: the visitation of a trajectory-level
+  mixture on the augmented space, :math:`d_\beta(s, i) = \alpha_i d_{\pi^{(i)}}(s)`, shape ``[S, M]``.
+* ``corollary31_bound(alpha, surrogates, eps, expected_tv, gamma)``: the right-hand side of
+  Corollary 3.1 from per-version terms (all ``[..., M]``).
+"""
+from __future__ import annotations
+
+import torch
+
+from rlkit import tabular as T
+from rlkit.exercises import Case, Exercise, Mistake, register
+
+__all__: list[str] = []
+F64 = torch.float64
+
+
+def _check_tensors(fn, **tensors):
+    for name, x in tensors.items():
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            raise TypeError(f"{fn}: {name} must be a floating-point torch.Tensor")
+
+
+# ------------------------------------------------------------------- 1. augmented_transition
+
+def _augmented_transition(P, kernel):
+    r""":math:`\tilde P[sM+i, a, s'M+i'] = P[s,a,s']\,q[i,i']`; ``P[S, A, S]``, ``kernel[M, M]`` -> ``[S*M, A, S*M]``."""
+    _check_tensors("augmented_transition", P=P, kernel=kernel)
+    if P.dim() != 3 or P.shape[0] != P.shape[2] or kernel.dim() != 2 or kernel.shape[0] != kernel.shape[1]:
+        raise ValueError(f"augmented_transition: need P [S, A, S] and kernel [M, M], got "
+                         f"{tuple(P.shape)} and {tuple(kernel.shape)}")
+    S, A, _ = P.shape
+    M = kernel.shape[0]
+    out = P[:, None, :, :, None] * kernel[None, :, None, None, :]     # [S, M, A, S, M]
+    return out.reshape(S * M, A, S * M)
+
+
+def _aug_kernel_transposed(P, kernel):
+    return _augmented_transition(P, kernel.T.contiguous())
+
+
+def _aug_index_major(P, kernel):
+    S, A, _ = P.shape
+    M = kernel.shape[0]
+    out = kernel[:, None, None, :, None] * P[None, :, :, None, :]     # [M, S, A, M, S]
+    return out.reshape(M * S, A, M * S)
+
+
+def _aug_identity(P, kernel):
+    return _augmented_transition(P, torch.eye(kernel.shape[0], dtype=kernel.dtype))
+
+
+def _aug_cases():
+    g = torch.Generator().manual_seed(1010)
+    P1 = torch.tensor([[[1.0, 0.0], [0.0, 1.0]], [[0.0, 1.0], [1.0, 0.0]]], dtype=F64)
+    q1 = torch.tensor([[0.5, 0.5], [0.0, 1.0]], dtype=F64)
+    mdp = T.random_mdp(1, 3, 2, 0.9, generator=g)
+    q2 = T.step_kernel(torch.tensor([0.3, 0.6, 0.1], dtype=F64),
+                       torch.softmax(torch.randn(3, 3, generator=g, dtype=F64), -1))
+    return [
+        Case(args=(P1, q1), label="2 states x 2 versions; version 0 switches to 1 w.p. 1/2"),
+        Case(args=(mdp.P[0], q2), label="3 states x 3 versions, a random step-level kernel"),
+    ]
+
+
+register(Exercise(
+    name="augmented_transition",
+    chapter=10,
+    reference=_augmented_transition,
+    cases=_aug_cases,
+    mistakes=[
+        Mistake(_aug_kernel_transposed, "the kernel is transposed: row i of q is the distribution q(.|i) of "
+                "the NEXT index given the current one, so the factor is kernel[i, i']"),
+        Mistake(_aug_index_major, "the flat index is i * S + s (version-major); the book's layout is "
+                "s * M + i, so that x.reshape(S, M) recovers (s, i)"),
+        Mistake(_aug_identity, "the index never changes in your kernel (trajectory-level mixing); "
+                "multiply by q(i'|i) so that step-level kernels switch versions"),
+    ],
+    atol=1e-12,
+    description="Transition kernel of the augmented MDP on S x I.",
+))
+
+
+# --------------------------------------------------------------------- 2. mixture_visitation
+
+def _d(P, rho0, pi, gamma):
+    Ppi = torch.einsum("...sa,sat->...st", pi, P)
+    eye = torch.eye(P.shape[0], dtype=P.dtype)
+    return torch.linalg.solve((eye - gamma * Ppi).transpose(-1, -2), ((1 - gamma) * rho0)[..., None])[..., 0]
+
+
+def _mixture_visitation(P, rho0, policies, alpha, gamma):
+    r""":math:`d_\beta(s,i) = \alpha_i\, d_{\pi^{(i)}}(s)`; ``P[S,A,S]``, ``rho0[S]``, ``policies[M,S,A]``,
+    ``alpha[M]`` -> ``[S, M]``."""
+    _check_tensors("mixture_visitation", P=P, rho0=rho0, policies=policies, alpha=alpha)
+    if policies.dim() != 3 or tuple(policies.shape[1:]) != tuple(P.shape[:2]) or alpha.shape != policies.shape[:1]:
+        raise ValueError("mixture_visitation: need P [S, A, S], rho0 [S], policies [M, S, A], alpha [M]")
+    d = _d(P, rho0, policies, gamma)                                  # [M, S]
+    return (alpha[:, None] * d).T
+
+
+def _mv_no_alpha(P, rho0, policies, alpha, gamma):
+    return _d(P, rho0, policies, gamma).T
+
+
+def _mv_average_policy(P, rho0, policies, alpha, gamma):
+    pbar = (alpha[:, None, None] * policies).sum(0)
+    return _d(P, rho0, pbar, gamma)[:, None] * alpha[None, :]
+
+
+def _mv_unnormalised(P, rho0, policies, alpha, gamma):
+    return _mixture_visitation(P, rho0, policies, alpha, gamma) / (1 - gamma)
+
+
+def _mv_uniform(P, rho0, policies, alpha, gamma):
+    return _d(P, rho0, policies, gamma).T / policies.shape[0]
+
+
+def _mv_cases():
+    g = torch.Generator().manual_seed(1020)
+    out = []
+    for S, A, M, gam in [(2, 2, 2, 0.9), (4, 3, 3, 0.8), (5, 2, 4, 0.95)]:
+        mdp = T.random_mdp(1, S, A, gam, peakiness=3.0, generator=g)
+        pols = T.random_policy(M, S, A, temperature=0.5, generator=g)
+        alpha = torch.softmax(torch.randn(M, generator=g, dtype=F64), -1)
+        out.append(Case(args=(mdp.P[0], mdp.rho0[0], pols, alpha, gam), label=f"S={S}, A={A}, M={M}, gamma={gam}"))
+    return out
+
+
+register(Exercise(
+    name="mixture_visitation",
+    chapter=10,
+    reference=_mixture_visitation,
+    cases=_mv_cases,
+    mistakes=[
+        Mistake(_mv_no_alpha, "each version's visitation must be weighted by its share alpha_i: "
+                "d_beta(s, i) = alpha_i d_i(s) sums to 1 over (s, i); yours sums to M"),
+        Mistake(_mv_average_policy, "you computed the visitation of the AVERAGE policy sum_i alpha_i pi^(i). "
+                "A trajectory-level mixture runs one version per trajectory; the mixture of visitations is "
+                "not the visitation of the mixed policy"),
+        Mistake(_mv_unnormalised, "the visitation is not normalised: the factor (1 - gamma) is missing"),
+        Mistake(_mv_uniform, "the versions are weighted uniformly (1/M); use the mixture weights alpha"),
+    ],
+    atol=1e-9,
+    description="Visitation of a trajectory-level mixture on the augmented space.",
+))
+
+
+# ---------------------------------------------------------------------- 3. corollary31_bound
+
+def _cor31(alpha, surrogates, eps, expected_tv, gamma):
+    r""":math:`\sum_i\alpha_i L_i - \frac{2\gamma\max_i\epsilon_i}{(1-\gamma)^2}\sum_i\alpha_i\,\mathbb E_{d_i}[D_{TV}]`;
+    inputs ``[..., M]`` -> ``[...]``."""
+    _check_tensors("corollary31_bound", alpha=alpha, surrogates=surrogates, eps=eps, expected_tv=expected_tv)
+    if not (alpha.shape == surrogates.shape == eps.shape == expected_tv.shape):
+        raise ValueError("corollary31_bound: alpha, surrogates, eps, expected_tv must share one shape [..., M]")
+    L = (alpha * surrogates).sum(-1)
+    return L - 2 * gamma * eps.amax(-1) / (1 - gamma) ** 2 * (alpha * expected_tv).sum(-1)
+
+
+def _c31_weighted_eps(alpha, surrogates, eps, expected_tv, gamma):
+    L = (alpha * surrogates).sum(-1)
+    return L - 2 * gamma * (alpha * eps).sum(-1) / (1 - gamma) ** 2 * (alpha * expected_tv).sum(-1)
+
+
+def _c31_not_squared(alpha, surrogates, eps, expected_tv, gamma):
+    L = (alpha * surrogates).sum(-1)
+    return L - 2 * gamma * eps.amax(-1) / (1 - gamma) * (alpha * expected_tv).sum(-1)
+
+
+def _c31_unweighted(alpha, surrogates, eps, expected_tv, gamma):
+    return surrogates.mean(-1) - 2 * gamma * eps.amax(-1) / (1 - gamma) ** 2 * expected_tv.mean(-1)
+
+
+def _c31_max_tv(alpha, surrogates, eps, expected_tv, gamma):
+    L = (alpha * surrogates).sum(-1)
+    return L - 2 * gamma * eps.amax(-1) / (1 - gamma) ** 2 * expected_tv.amax(-1)
+
+
+def _c31_cases():
+    g = torch.Generator().manual_seed(1030)
+    out = []
+    for shape, gam in [((3,), 0.9), ((5, 4), 0.7)]:
+        alpha = torch.softmax(torch.randn(*shape, generator=g, dtype=F64), -1)
+        L = torch.randn(*shape, generator=g, dtype=F64)
+        eps = torch.rand(*shape, generator=g, dtype=F64)
+        tv = 0.3 * torch.rand(*shape, generator=g, dtype=F64)
+        out.append(Case(args=(alpha, L, eps, tv, gam), label=f"shape {shape}, gamma={gam}"))
+    return out
+
+
+register(Exercise(
+    name="corollary31_bound",
+    chapter=10,
+    reference=_cor31,
+    cases=_c31_cases,
+    mistakes=[
+        Mistake(_c31_weighted_eps, "Corollary 3.1 uses the LARGEST epsilon over versions, max_i eps_i, "
+                "because epsilon of the augmented MDP is a max over all augmented states (s, i)"),
+        Mistake(_c31_not_squared, "the constant is 2 gamma / (1 - gamma)^2, squared"),
+        Mistake(_c31_unweighted, "the versions must be weighted by their mixture shares alpha_i, "
+                "not averaged uniformly"),
+        Mistake(_c31_max_tv, "the penalty uses the alpha-weighted average of the versions' expected TV, "
+                "sum_i alpha_i E_{d_i}[D_TV], not the worst version's"),
+    ],
+    atol=1e-9,
+    description="The right-hand side of Corollary 3.1 from per-version terms.",
+))
