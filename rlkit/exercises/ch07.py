@@ -1,0 +1,226 @@
+r"""Checkers for the exercises of chapter 7, ``lessons/07_tiny_llm.ipynb``.
+
+* ``response_logprob(logits, response_ids, mask)``: the log-probability of each response,
+  :math:`\log\pi(y\mid x) = \sum_t m_t \log\mathrm{softmax}(z_t)_{y_t}`, ``[B, T, V]`` -> ``[B]``.
+* ``top_p_logprobs(logits, p)``: the log-probabilities of nucleus sampling: keep the most likely
+  tokens while the mass *before* a token is below ``p`` (the top token is always kept),
+  renormalise over them, ``-inf`` elsewhere.
+* ``group_advantages(rewards, group_size)``: GRPO's group-normalised advantages,
+  :math:`(R_i - \bar R_g)/(\mathrm{std}_g + 10^{-6})` with the sample standard deviation.
+* ``sequence_ratio(logp_new, logp_old, mask)``: GSPO's length-normalised sequence ratio,
+  :math:`s_i = \exp\big(\frac{1}{|y_i|}\sum_t m_{i,t}(\log\pi_\theta - \log\pi_{\text{old}})\big)`.
+"""
+from __future__ import annotations
+
+import torch
+
+from rlkit.exercises import Case, Exercise, Mistake, register
+
+__all__: list[str] = []
+
+
+# ------------------------------------------------------------------- 1. response_logprob
+
+def _response_logprob(logits, response_ids, mask):
+    """Sum over real tokens of log softmax(logits)[token]; logits [B, T, V], ids [B, T], mask [B, T] -> [B]."""
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, response_ids[..., None]).squeeze(-1)
+    return torch.where(mask.bool(), logp, torch.zeros((), dtype=logp.dtype)).sum(-1)
+
+
+def _rlp_raw_logits(logits, response_ids, mask):
+    z = logits.gather(-1, response_ids[..., None]).squeeze(-1)
+    return (z * mask).sum(-1)
+
+
+def _rlp_no_mask(logits, response_ids, mask):
+    return torch.log_softmax(logits, dim=-1).gather(-1, response_ids[..., None]).squeeze(-1).sum(-1)
+
+
+def _rlp_mean(logits, response_ids, mask):
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, response_ids[..., None]).squeeze(-1)
+    return (logp * mask).sum(-1) / mask.sum(-1)
+
+
+def _rlp_probs(logits, response_ids, mask):
+    p = torch.softmax(logits, dim=-1).gather(-1, response_ids[..., None]).squeeze(-1)
+    return torch.log((p * mask).sum(-1))
+
+
+def _rlp_cases():
+    g = torch.Generator().manual_seed(7)
+    B, T, V = 3, 5, 6
+    logits = torch.randn(B, T, V, generator=g) * 2
+    ids = torch.randint(0, V, (B, T), generator=g)
+    mask = torch.tensor([[1., 1., 1., 0., 0.], [1., 1., 1., 1., 1.], [1., 0., 0., 0., 0.]])
+    hand = torch.log(torch.tensor([[[0.5, 0.25, 0.25], [0.1, 0.1, 0.8]]]))
+    return [
+        Case(args=(hand, torch.tensor([[0, 2]]), torch.tensor([[1.0, 1.0]])), label="log(0.5) + log(0.8)"),
+        Case(args=(logits, ids, mask), label="3 responses of lengths 3, 5, 1"),
+        Case(args=(logits.double() * 30, ids, mask), label="large logits (float64)"),
+    ]
+
+
+register(Exercise(
+    name="response_logprob", chapter=7, reference=_response_logprob, cases=_rlp_cases,
+    mistakes=[Mistake(_rlp_raw_logits, "you summed raw logits: apply log_softmax over the vocabulary first"),
+              Mistake(_rlp_no_mask, "padding after <eos> was counted: multiply by (or select with) the mask"),
+              Mistake(_rlp_mean, "you averaged over tokens; log pi(y|x) is the SUM of token log-probs"),
+              Mistake(_rlp_probs, "you added probabilities, not log-probabilities")],
+    atol=1e-5, description="log-probability of whole responses from per-position logits"))
+
+
+# ------------------------------------------------------------------- 2. top_p_logprobs
+
+def _top_p_logprobs(logits, p):
+    """Nucleus sampling distribution, log space; logits [..., V] -> [..., V] with -inf outside."""
+    logp = torch.log_softmax(logits, dim=-1)
+    sorted_logp, order = logp.sort(dim=-1, descending=True)
+    probs = sorted_logp.exp()
+    before = probs.cumsum(-1) - probs
+    keep_sorted = before < p
+    keep_sorted[..., 0] = True
+    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+    return torch.log_softmax(logp.masked_fill(~keep, float("-inf")), dim=-1)
+
+
+def _topp_including(logits, p):           # keeps while the cumulative mass INCLUDING the token is < p
+    logp = torch.log_softmax(logits, dim=-1)
+    sorted_logp, order = logp.sort(dim=-1, descending=True)
+    keep_sorted = sorted_logp.exp().cumsum(-1) < p
+    keep_sorted[..., 0] = True
+    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+    return torch.log_softmax(logp.masked_fill(~keep, float("-inf")), dim=-1)
+
+
+def _topp_not_renormalised(logits, p):
+    logp = torch.log_softmax(logits, dim=-1)
+    keep = _top_p_logprobs(logits, p) > float("-inf")
+    return logp.masked_fill(~keep, float("-inf"))
+
+
+def _topp_unsorted(logits, p):            # cumulative sum in vocabulary order
+    logp = torch.log_softmax(logits, dim=-1)
+    probs = logp.exp()
+    keep = (probs.cumsum(-1) - probs) < p
+    return torch.log_softmax(logp.masked_fill(~keep, float("-inf")), dim=-1)
+
+
+def _topp_cases():
+    g = torch.Generator().manual_seed(11)
+    return [
+        Case(args=(torch.log(torch.tensor([0.05, 0.5, 0.15, 0.3])), 0.7),
+             label="p = [0.05, 0.5, 0.15, 0.3], top_p = 0.7 keeps 0.5 and 0.3"),
+        Case(args=(torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05])), 0.85), label="top_p = 0.85 keeps three"),
+        Case(args=(torch.tensor([3.0, 0.0, -1.0]), 0.2), label="the top token is always kept"),
+        Case(args=(torch.randn(4, 10, generator=g) * 2, 0.9), label="a batch of 4 rows"),
+    ]
+
+
+register(Exercise(
+    name="top_p_logprobs", chapter=7, reference=_top_p_logprobs, cases=_topp_cases,
+    mistakes=[Mistake(_topp_including, "you stop when the mass INCLUDING the token reaches p; keep a token "
+                                       "while the mass of the tokens before it is below p"),
+              Mistake(_topp_not_renormalised, "the kept tokens were not renormalised (their probabilities must "
+                                              "sum to 1)"),
+              Mistake(_topp_unsorted, "the cumulative sum must run over tokens sorted by probability, "
+                                      "not in vocabulary order")],
+    atol=1e-5, description="nucleus (top-p) sampling distribution"))
+
+
+# ------------------------------------------------------------------- 3. group_advantages
+
+def _group_advantages(rewards, group_size):
+    """(R - group mean) / (group sample std + 1e-6); rewards [N], consecutive groups -> [N]."""
+    g = rewards.reshape(-1, group_size)
+    adv = (g - g.mean(-1, keepdim=True)) / (g.std(-1, keepdim=True) + 1e-6)
+    return adv.reshape(rewards.shape)
+
+
+def _ga_population_std(rewards, group_size):
+    g = rewards.reshape(-1, group_size)
+    return ((g - g.mean(-1, keepdim=True)) / (g.std(-1, keepdim=True, unbiased=False) + 1e-6)).reshape(-1)
+
+
+def _ga_batch(rewards, group_size):
+    return (rewards - rewards.mean()) / (rewards.std() + 1e-6)
+
+
+def _ga_no_std(rewards, group_size):
+    g = rewards.reshape(-1, group_size)
+    return (g - g.mean(-1, keepdim=True)).reshape(-1)
+
+
+def _ga_interleaved(rewards, group_size):     # groups taken as strided instead of consecutive
+    g = rewards.reshape(group_size, -1)
+    return ((g - g.mean(0, keepdim=True)) / (g.std(0, keepdim=True) + 1e-6)).reshape(-1)
+
+
+def _ga_cases():
+    g = torch.Generator().manual_seed(3)
+    return [
+        Case(args=(torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0]), 4), label="two groups of 4"),
+        Case(args=(torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0]), 3),
+             label="an all-correct group and an all-wrong group: advantages 0, not NaN"),
+        Case(args=(torch.rand(24, generator=g), 8), label="3 groups of 8, continuous rewards"),
+    ]
+
+
+register(Exercise(
+    name="group_advantages", chapter=7, reference=_group_advantages, cases=_ga_cases,
+    mistakes=[Mistake(_ga_population_std, "use the sample standard deviation (divide by G - 1, torch's default)"),
+              Mistake(_ga_batch, "you normalised over the whole batch; GRPO normalises within each prompt's group"),
+              Mistake(_ga_no_std, "you did not divide by the group's standard deviation (that is Dr. GRPO)"),
+              Mistake(_ga_interleaved, "the completions of one prompt are CONSECUTIVE: reshape to "
+                                       "[n_groups, group_size]")],
+    atol=1e-5, description="GRPO's group-normalised advantages"))
+
+
+# ------------------------------------------------------------------- 4. sequence_ratio
+
+def _sequence_ratio(logp_new, logp_old, mask):
+    """exp(mean over real tokens of logp_new - logp_old); [B, T] -> [B]."""
+    m = mask.to(logp_new.dtype)
+    diff = torch.where(m > 0, logp_new - logp_old, torch.zeros((), dtype=logp_new.dtype))
+    return torch.exp(diff.sum(-1) / m.sum(-1).clamp_min(1.0))
+
+
+def _sr_product(logp_new, logp_old, mask):
+    return torch.exp(((logp_new - logp_old) * mask).sum(-1))
+
+
+def _sr_pad_in_mean(logp_new, logp_old, mask):
+    return torch.exp(((logp_new - logp_old) * mask).mean(-1))
+
+
+def _sr_mean_of_ratios(logp_new, logp_old, mask):
+    return (torch.exp(logp_new - logp_old) * mask).sum(-1) / mask.sum(-1)
+
+
+def _sr_inverted(logp_new, logp_old, mask):
+    return 1.0 / _sequence_ratio(logp_new, logp_old, mask)
+
+
+def _sr_cases():
+    g = torch.Generator().manual_seed(5)
+    old = -torch.rand(3, 6, generator=g) * 3
+    new = old + 0.3 * torch.randn(3, 6, generator=g)
+    mask = torch.tensor([[1., 1., 1., 1., 0., 0.], [1., 1., 1., 1., 1., 1.], [1., 1., 0., 0., 0., 0.]])
+    big = old.clone()
+    big[:, 0] += 50.0
+    return [
+        Case(args=(torch.tensor([[-1.0, -2.0, 0.0]]), torch.tensor([[-1.2, -2.4, -5.0]]),
+                   torch.tensor([[1.0, 1.0, 0.0]])), label="exp((0.2 + 0.4) / 2) = exp(0.3)"),
+        Case(args=(new, old, mask), label="3 responses of lengths 4, 6, 2"),
+        Case(args=(big, old, mask), label="a log-ratio of +50 on one token stays finite"),
+    ]
+
+
+register(Exercise(
+    name="sequence_ratio", chapter=7, reference=_sequence_ratio, cases=_sr_cases,
+    mistakes=[Mistake(_sr_product, "that is the product of the token ratios; GSPO takes its |y|-th root "
+                                   "(divide the summed log-ratio by the response length)"),
+              Mistake(_sr_pad_in_mean, "padding was counted in the length: divide by the number of real tokens"),
+              Mistake(_sr_mean_of_ratios, "you averaged the token ratios; GSPO averages the LOG-ratios, then "
+                                          "exponentiates (a geometric mean)"),
+              Mistake(_sr_inverted, "the ratio is new over old, not old over new")],
+    atol=1e-5, description="GSPO's length-normalised sequence ratio"))

@@ -1,0 +1,60 @@
+r"""The tiny LLM: a character-level GPT, verifiable tasks, a sampler with log-probs, RL trainers.
+
+Chapter: 07_tiny_llm introduces it; Part II and the reward-hacking chapter build on it.
+
+Quick start::
+
+    from rlkit.llm import load_pretrained, ADDITION, RLConfig, train, evaluate
+
+    model, tok = load_pretrained()                      # 0.1 M parameters, ships with rlkit
+    test = ADDITION.problems(256, seed=0, split="test")
+    evaluate(model, tok, ADDITION, test)["accuracy"]    # ~0.55: most carries are forgotten
+    result = train(model, tok, ADDITION, RLConfig(algo="grpo", steps=100))
+    result.evals["greedy_accuracy"][-1]                 # ~0.95+
+
+The pieces, top to bottom:
+
+* **Model** (:mod:`rlkit.llm.model`): :class:`GPTConfig`, :class:`GPT` (nanoGPT-style, pre-norm,
+  tied embeddings, a :class:`KVCache` for sampling, left padding via ``attention_mask``).
+  The *LM protocol* the rest needs is only ``model(ids [B, T]) -> logits [B, T, V]``;
+  :class:`TinyGRULM` is a second model class that follows it.
+* **Tokenizer** (:mod:`rlkit.llm.tokenizer`): :class:`CharTokenizer`, ``<pad>`` = 0,
+  ``<eos>`` = 1, then one id per character; ``encode_batch`` left-pads prompts.
+* **Sampling** (:mod:`rlkit.llm.sampling`): :func:`sample` returns a :class:`Rollout` with
+  ``response_ids``, ``mask``, ``logprobs`` (log q: the temperature / top-k / top-p distribution
+  actually sampled from) and ``model_logprobs`` (log p: the unmodified model);
+  :func:`token_logprobs` recomputes differentiable log-probs (and entropies) in one forward pass;
+  :func:`sampling_logprobs` is the filtered, renormalised distribution.
+* **Tasks** (:mod:`rlkit.llm.tasks`): :class:`Task`, :class:`Problem`, checkers
+  (:func:`exact_match`, the sloppy :func:`prefix_match` and :func:`contains_answer`),
+  :data:`ADDITION` (the corpus forgets 80% of carries) and :data:`MULTIPLICATION` (too hard for
+  the model; its ``"prefix"`` checker is gamed by answering nothing). New task: a function
+  ``rng -> Problem`` and ``Task(name, fn)``.
+* **Evaluation** (:mod:`rlkit.llm.evaluation`): :func:`evaluate` (greedy or sampled accuracy).
+* **Checkpoints** (:mod:`rlkit.llm.checkpoint`): :func:`load_pretrained`,
+  :func:`load_checkpoint` (validates config, hash and tensors), :func:`save_checkpoint`;
+  ``python -m rlkit.llm.pretrain`` reproduces the shipped weights.
+* **RL** (:mod:`rlkit.llm.rl`): :class:`RLConfig`, :func:`train` for ``algo`` in
+  ``"reinforce", "rloo", "grpo", "dr_grpo", "dapo", "gspo", "ppo"``, a KL term to the reference
+  (``kl_coef``, ``kl_estimator`` "k1"/"k3", ``kl_in`` "loss"/"reward"), per-step logs and held-out
+  evaluations in the returned :class:`RLResult`; :class:`ValueHead` is PPO's critic.
+"""
+from .checkpoint import CheckpointError, load_checkpoint, load_pretrained, save_checkpoint
+from .evaluation import encode_prompts, evaluate
+from .gru import TinyGRULM
+from .model import GPT, GPTConfig, KVCache
+from .rl import ALGOS, RLConfig, RLResult, ValueHead, collect, sequence_advantages, steps_to_reach, train
+from .sampling import Rollout, call_model, sample, sampling_logprobs, token_logprobs
+from .tasks import (ADDITION, MULTIPLICATION, TASKS, Problem, Task, contains_answer, exact_match,
+                    forgot_carry_answer, get_task, has_carry, numeric_close, prefix_match)
+from .tokenizer import CharTokenizer
+
+__all__ = [
+    "GPT", "GPTConfig", "KVCache", "TinyGRULM", "CharTokenizer",
+    "Rollout", "sample", "sampling_logprobs", "token_logprobs", "call_model",
+    "Task", "Problem", "ADDITION", "MULTIPLICATION", "TASKS", "get_task",
+    "exact_match", "prefix_match", "contains_answer", "numeric_close", "has_carry", "forgot_carry_answer",
+    "evaluate", "encode_prompts",
+    "load_pretrained", "load_checkpoint", "save_checkpoint", "CheckpointError",
+    "ALGOS", "RLConfig", "RLResult", "ValueHead", "train", "collect", "sequence_advantages", "steps_to_reach",
+]

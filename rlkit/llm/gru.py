@@ -1,0 +1,28 @@
+"""A tiny GRU language model: a second model class that follows the LM protocol.
+
+It exists to show (and test) that :mod:`rlkit.llm.sampling` and :mod:`rlkit.llm.rl` need nothing
+from a model but ``ids [B, T] -> logits [B, T, V]``: no attention mask, no KV cache, no hidden
+states. A reader with a GPU plugs a larger model in the same way. Chapter: 07_tiny_llm.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+__all__ = ["TinyGRULM"]
+
+
+class TinyGRULM(nn.Module):
+    """Embedding -> one-layer GRU -> linear read-out. ``forward(ids [B, T]) -> logits [B, T, V]``."""
+
+    def __init__(self, vocab_size: int, hidden: int = 64):
+        super().__init__()
+        if vocab_size < 2 or hidden < 1:
+            raise ValueError(f"TinyGRULM: need vocab_size >= 2 and hidden >= 1, got {vocab_size}, {hidden}")
+        self.embed = nn.Embedding(vocab_size, hidden)
+        self.gru = nn.GRU(hidden, hidden, batch_first=True)
+        self.out = nn.Linear(hidden, vocab_size)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h, _ = self.gru(self.embed(ids))
+        return self.out(h)

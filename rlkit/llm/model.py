@@ -1,0 +1,227 @@
+"""A decoder-only transformer in the style of nanoGPT, small enough to train on a laptop CPU.
+
+Chapter: 07_tiny_llm. Read it top to bottom: configuration, attention, MLP, block, model,
+and the key/value cache that makes sampling fast.
+
+**The language-model protocol.** Everything else in :mod:`rlkit.llm` (the sampler, the RL
+trainers) needs only this from a model::
+
+    logits = model(ids)            # ids: LongTensor [batch, tokens] -> logits [batch, tokens, vocab]
+
+where ``logits[b, t]`` scores the token at position ``t + 1`` given ``ids[b, :t + 1]``.
+Two optional capabilities are used when a model declares them with class attributes:
+
+* ``accepts_attention_mask = True``: ``model(ids, attention_mask=mask)`` with a bool mask of
+  real (non-padding) tokens. Prompts of different lengths are LEFT-padded; a model without
+  this capability simply sees the padding tokens.
+* ``supports_kv_cache = True``: ``cache = model.new_cache(batch, max_len)`` and
+  ``model(ids, attention_mask=mask, cache=cache)`` process only the new tokens and append
+  their keys and values to ``cache``.
+
+:class:`GPT` has both; :class:`TinyGRULM` (in :mod:`rlkit.llm.gru`) has neither and is what the
+tests use to show that the trainers work with any model that follows the protocol.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .tokenizer import DEFAULT_CHARS
+
+__all__ = ["GPTConfig", "GPT", "KVCache"]
+
+
+@dataclass
+class GPTConfig:
+    """Sizes of the model. The shipped checkpoint uses the defaults (about 0.1 M parameters)."""
+
+    vocab_size: int = len(DEFAULT_CHARS) + 2   # the CharTokenizer's characters, <pad> and <eos>
+    block_size: int = 32     # longest sequence (prompt + response) the model can see
+    n_layer: int = 2
+    n_head: int = 4
+    n_embd: int = 64
+
+    def __post_init__(self):
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"GPTConfig: {f.name} must be a positive int, got {v!r}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"GPTConfig: n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class KVCache:
+    """The keys and values of every token processed so far, for every layer.
+
+    Preallocated as ``[n_layer, batch, n_head, max_len, head_dim]``; ``length`` tokens are
+    filled. ``real[b, j]`` says whether cached position ``j`` of row ``b`` is a real token
+    (False for left padding) and ``next_pos[b]`` is the position id the next token of row
+    ``b`` gets (padding does not advance positions).
+    """
+
+    def __init__(self, config: GPTConfig, batch: int, max_len: int, device=None, dtype=torch.float32):
+        if max_len > config.block_size:
+            raise ValueError(f"KVCache: max_len {max_len} exceeds the model's block_size {config.block_size}")
+        hd = config.n_embd // config.n_head
+        shape = (config.n_layer, batch, config.n_head, max_len, hd)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.real = torch.zeros(batch, max_len, dtype=torch.bool, device=device)
+        self.next_pos = torch.zeros(batch, dtype=torch.long, device=device)
+        self.length = 0
+        self.has_padding = False
+        self.max_len = max_len
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head self-attention where a token sees itself and the tokens before it."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.n_head = config.n_head
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)   # queries, keys, values at once
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd)
+
+    def forward(self, x, allowed, cache: KVCache | None, layer: int):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        # [B, T, C] -> [B, n_head, T, head_dim]
+        q, k, v = (z.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for z in (q, k, v))
+        if cache is not None:                         # append the new keys/values, attend to all
+            end = cache.length + T
+            cache.k[layer, :, :, cache.length:end] = k
+            cache.v[layer, :, :, cache.length:end] = v
+            k, v = cache.k[layer, :, :, :end], cache.v[layer, :, :, :end]
+        if isinstance(allowed, str):                  # "causal" (a square prefix) or "all" (one new token)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=(allowed == "causal"))
+        else:                                         # explicit [B, 1, T, T_keys] bool mask
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.c_proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
+
+    def forward(self, x):
+        return self.c_proj(F.gelu(self.c_fc(x)))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd)
+        self.mlp = MLP(config)
+
+    def forward(self, x, allowed, cache, layer):
+        x = x + self.attn(self.ln_1(x), allowed, cache, layer)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """Token and position embeddings, ``n_layer`` blocks, a final norm and a tied output layer.
+
+    ``forward(ids [B, T], attention_mask [B, T] bool or None, cache or None) -> logits [B, T, vocab]``.
+    Chapter: 07_tiny_llm.
+    """
+
+    accepts_attention_mask = True
+    supports_kv_cache = True
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"GPT: config must be a GPTConfig, got {type(config).__name__}")
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wpe = nn.Embedding(config.block_size, config.n_embd)
+        self.blocks = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
+        self.ln_f = nn.LayerNorm(config.n_embd)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight          # weight tying, as in GPT-2
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():        # GPT-2's scaled init of residual projections
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init_weights(module):
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def new_cache(self, batch: int, max_len: int | None = None) -> KVCache:
+        """An empty cache for ``batch`` rows and up to ``max_len`` tokens (default: block_size)."""
+        p = self.wte.weight
+        return KVCache(self.config, batch, max_len or self.config.block_size, p.device, p.dtype)
+
+    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                cache: KVCache | None = None) -> torch.Tensor:
+        if not isinstance(ids, torch.Tensor) or ids.dtype != torch.long or ids.dim() != 2:
+            raise TypeError("GPT.forward: ids must be a LongTensor of shape [batch, tokens]")
+        B, T = ids.shape
+        past = 0 if cache is None else cache.length
+        if past + T > self.config.block_size:
+            raise ValueError(f"GPT.forward: {past} cached + {T} new tokens exceed block_size "
+                             f"{self.config.block_size}")
+        if cache is not None and (cache.real.shape[0] != B or past + T > cache.max_len):
+            raise ValueError(f"GPT.forward: cache holds {cache.real.shape[0]} rows and {cache.max_len} "
+                             f"positions; got {B} rows and {past}+{T} positions")
+        if attention_mask is None:
+            real = torch.ones(B, T, dtype=torch.bool, device=ids.device)
+            padded = False
+        else:
+            if attention_mask.shape != ids.shape or attention_mask.dtype != torch.bool:
+                raise ValueError(f"GPT.forward: attention_mask must be a bool tensor of shape "
+                                 f"{tuple(ids.shape)}, got {attention_mask.dtype} {tuple(attention_mask.shape)}")
+            real = attention_mask
+            padded = not bool(real.all())
+
+        # Position ids count real tokens only, so a left-padded prompt starts at position 0.
+        start = cache.next_pos if cache is not None else torch.zeros(B, dtype=torch.long, device=ids.device)
+        pos = (start[:, None] + real.long().cumsum(1) - 1).clamp_min(0)
+        x = self.wte(ids) + self.wpe(pos)
+
+        # Who may attend to whom. Without padding the cheap built-in paths suffice.
+        any_pad = padded or (cache is not None and cache.has_padding)
+        if not any_pad and past == 0:
+            allowed = "causal"
+        elif not any_pad and T == 1:
+            allowed = "all"
+        else:
+            keys_real = real if cache is None else torch.cat([cache.real[:, :past], real], dim=1)
+            q_idx = past + torch.arange(T, device=ids.device)
+            k_idx = torch.arange(past + T, device=ids.device)
+            causal = k_idx[None, :] <= q_idx[:, None]                         # [T, past+T]
+            itself = k_idx[None, :] == q_idx[:, None]                          # padding rows stay finite
+            allowed = ((causal[None] & keys_real[:, None, :]) | itself[None])[:, None]   # [B,1,T,past+T]
+
+        for layer, block in enumerate(self.blocks):
+            x = block(x, allowed, cache, layer)
+
+        if cache is not None:
+            cache.real[:, past:past + T] = real
+            cache.length = past + T
+            cache.next_pos = start + real.long().sum(1)
+            cache.has_padding = cache.has_padding or padded
+        return self.lm_head(self.ln_f(x))

@@ -1,0 +1,517 @@
+r"""RL trainers for language models with verifiable rewards, built on :mod:`rlkit.objectives`.
+
+Chapter: 07_tiny_llm (and every later chapter that trains the tiny LLM).
+
+One step of every trainer:
+
+1. **Sample.** Draw ``prompts_per_step`` training prompts, sample ``group_size`` responses to
+   each (the completions of one prompt are consecutive rows), score them with the task's checker.
+2. **Score the tokens.** Log-probs of the sampled tokens under the policy before the update
+   (:math:`\pi_{\text{old}}`) and under the frozen reference model (:math:`\pi_{\text{ref}}`).
+3. **Advantages.** One number per response (REINFORCE, RLOO, the GRPO family) or per token (PPO).
+4. **Update.** ``epochs`` passes over the batch in ``minibatches`` pieces, minimising the
+   algorithm's loss plus, optionally, a KL term to the reference model. REINFORCE and RLOO have
+   no ratio to correct for a policy that moved, so they default to one step per batch; the
+   clipped algorithms default to two (the second is slightly off-policy, which the clip handles).
+
+============  =====================================================  ===============================  =========================
+``algo``      advantage of response :math:`i` (token :math:`t`)      policy loss                      aggregation (default)
+============  =====================================================  ===============================  =========================
+reinforce     :math:`R_i - \bar R` (batch-mean baseline)              :func:`policy_gradient_loss`     seq-mean-token-sum-norm
+rloo          :math:`R_i - \frac{1}{G-1}\sum_{j\ne i}R_j`              :func:`policy_gradient_loss`     seq-mean-token-sum-norm
+grpo          :math:`(R_i - \bar R_g)/(\sigma_g + \varepsilon)`       PPO-clip, :math:`\epsilon=0.2`   seq-mean-token-mean
+dr_grpo       :math:`R_i - \bar R_g`                                  PPO-clip                         seq-mean-token-sum-norm
+dapo          as grpo, zero-variance groups resampled                 clip-higher (0.2, 0.28)          token-mean
+gspo          as grpo                                                 PPO-clip on the sequence ratio   one term per sequence
+ppo           GAE over tokens with a learned value, whitened          PPO-clip + value loss            token-mean
+============  =====================================================  ===============================  =========================
+
+GSPO's sequence ratio is :math:`s_i = \exp\big(\frac{1}{|y_i|}\sum_t \log\frac{\pi_\theta(y_{i,t})}{\pi_{\text{old}}(y_{i,t})}\big)`,
+clipped to :math:`[1-3\cdot10^{-4},\, 1+4\cdot10^{-4}]` as in the paper; it is computed here by feeding
+the length-normalised sequence log-probs to :func:`rlkit.objectives.ppo_clip_loss`.
+
+**KL to the reference model** (``kl_coef`` :math:`\beta > 0`): ``kl_in="reward"`` subtracts
+:math:`\beta\,k_t` from the reward of every token (the sum over the response, for sequence-level
+methods), ``kl_in="loss"`` adds :math:`\beta\,\mathrm{agg}(k_t)` to the loss, with
+:math:`k_t` the ``"k1"`` (:math:`\log\pi - \log\pi_{\text{ref}}`) or ``"k3"`` estimator of
+:mod:`rlkit.divergences`. Beware: as a *loss*, k1's gradient :math:`\nabla\log\pi_\theta` has zero
+mean under the samples, so it does (almost) nothing; k3 in the loss (GRPO's choice) or k1 in the
+reward (the classic RLHF choice) are the meaningful combinations.
+
+**What "the policy" is.** The trainers treat the model at ``temperature`` (no top-k/top-p) as the
+policy :math:`\pi_\theta`. If you sample with top-k/top-p, the data come from a different
+distribution :math:`q` whose log-probs the rollout keeps in ``Rollout.logprobs``; the trainers
+ignore that mismatch, as many real systems do (Part II measures it).
+
+**Models.** Any model following the protocol of :mod:`rlkit.llm.model` (``ids -> logits``). PPO's
+critic is a copy of the initial policy whose logits feed a linear layer (:class:`ValueHead`),
+so it needs nothing more from the model either.
+
+Logged per step (``RLResult.history[key]``, one entry per step, NaN where not measured):
+``reward`` (the checker's reward), ``accuracy`` (exact-match of the sampled responses),
+``kl`` (k3 estimate of KL(pi || pi_ref) per token), ``entropy`` (per token), ``clip_fraction``,
+``zero_var_share`` (groups whose rewards are all equal: no gradient from them),
+``response_length``, ``loss``, ``grad_norm``, ``train_seconds`` (cumulative, evaluation excluded).
+Every ``eval_every`` updates (and before the first, and after the last) ``RLResult.evals`` records
+``greedy_accuracy`` and ``sampled_accuracy`` on held-out prompts (exact match), and, when the
+reward is a proxy checker, ``greedy_reward`` and ``sampled_reward`` under that checker.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from ..divergences import kl_k1, kl_k3
+from ..objectives import (AGGREGATIONS, aggregate, grpo_advantages, normalize_advantages,
+                          policy_gradient_loss, ppo_clip_loss, rloo_advantages)
+from ..returns import gae
+from .evaluation import encode_prompts, evaluate
+from .sampling import Rollout, call_model, sample, token_logprobs
+from .tasks import Problem, Task
+from .tokenizer import CharTokenizer
+
+__all__ = ["ALGOS", "RLConfig", "RLResult", "ValueHead", "Batch", "collect", "sequence_advantages",
+           "train", "steps_to_reach"]
+
+ALGOS = ("reinforce", "rloo", "grpo", "dr_grpo", "dapo", "gspo", "ppo")
+
+_DEFAULT_AGG = {"reinforce": "seq-mean-token-sum-norm", "rloo": "seq-mean-token-sum-norm",
+                "grpo": "seq-mean-token-mean", "dr_grpo": "seq-mean-token-sum-norm",
+                "dapo": "token-mean", "gspo": "seq-mean-token-mean", "ppo": "token-mean"}
+_DEFAULT_CLIP = {"dapo": (0.2, 0.28), "gspo": (3e-4, 4e-4)}
+
+
+@dataclass
+class RLConfig:
+    """Settings of :func:`train`. ``None`` means "the algorithm's default" (see the module table)."""
+
+    algo: str = "grpo"
+    steps: int = 100
+    prompts_per_step: int = 16
+    group_size: int = 8
+    lr: float = 1e-4                       # Adam; 1e-3 already collapses the tiny model
+    epochs: int = 1
+    minibatches: int | None = None         # reinforce/rloo 1 (on-policy), others 2
+    clip_eps: float | None = None          # grpo/ppo 0.2, dapo 0.2, gspo 3e-4
+    clip_eps_high: float | None = None     # defaults to clip_eps; dapo 0.28, gspo 4e-4
+    aggregation: str | None = None
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"               # "k1" or "k3"
+    kl_in: str = "loss"                    # "loss" or "reward"
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    checker: str = "exact"                 # which of the task's checkers gives the reward
+    dynamic_sampling: bool | None = None   # DAPO: resample until groups have reward variance
+    max_sample_rounds: int = 4
+    # PPO
+    gamma: float = 1.0
+    lam: float = 0.95
+    value_lr: float | None = None          # defaults to lr
+    value_coef: float = 1.0
+    # housekeeping
+    grad_clip: float = 1.0
+    eval_every: int = 5
+    eval_problems: int = 256
+    seed: int = 0
+
+    def resolved(self) -> "RLConfig":
+        """A copy with every ``None`` default filled in for ``algo`` (and checked)."""
+        if self.algo not in ALGOS:
+            raise ValueError(f"RLConfig: algo must be one of {ALGOS}, got {self.algo!r}")
+        c = copy.copy(self)
+        lo, hi = _DEFAULT_CLIP.get(c.algo, (0.2, None))
+        if c.clip_eps is None:
+            c.clip_eps = lo
+        else:
+            hi = None                                    # a user-given clip_eps is symmetric by default
+        if c.clip_eps_high is None:
+            c.clip_eps_high = c.clip_eps if hi is None else hi
+        c.aggregation = _DEFAULT_AGG[c.algo] if c.aggregation is None else c.aggregation
+        c.dynamic_sampling = (c.algo == "dapo") if c.dynamic_sampling is None else c.dynamic_sampling
+        c.value_lr = c.lr if c.value_lr is None else c.value_lr
+        if c.minibatches is None:
+            c.minibatches = 1 if c.algo in ("reinforce", "rloo") else 2
+        if c.aggregation not in AGGREGATIONS:
+            raise ValueError(f"RLConfig: aggregation must be one of {AGGREGATIONS}, got {c.aggregation!r}")
+        if c.kl_estimator not in ("k1", "k3"):
+            raise ValueError(f"RLConfig: kl_estimator must be 'k1' or 'k3', got {c.kl_estimator!r}")
+        if c.kl_in not in ("loss", "reward"):
+            raise ValueError(f"RLConfig: kl_in must be 'loss' or 'reward', got {c.kl_in!r}")
+        for name in ("steps", "prompts_per_step", "group_size", "epochs", "minibatches", "eval_every",
+                     "eval_problems", "max_sample_rounds"):
+            v = getattr(c, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"RLConfig: {name} must be an int >= 1, got {v!r}")
+        if c.algo in ("rloo", "grpo", "dr_grpo", "dapo", "gspo") and c.group_size < 2:
+            raise ValueError(f"RLConfig: algo {c.algo!r} compares responses within a group; group_size must be >= 2")
+        if c.minibatches > c.prompts_per_step:
+            raise ValueError(f"RLConfig: minibatches ({c.minibatches}) > prompts_per_step ({c.prompts_per_step})")
+        for name in ("lr", "value_lr", "temperature", "clip_eps", "clip_eps_high"):
+            v = getattr(c, name)
+            if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
+                raise ValueError(f"RLConfig: {name} must be a number > 0, got {v!r}")
+        if not (c.kl_coef >= 0 and 0 <= c.gamma <= 1 and 0 <= c.lam <= 1):
+            raise ValueError("RLConfig: need kl_coef >= 0 and gamma, lam in [0, 1]")
+        return c
+
+
+class ValueHead(nn.Module):
+    r"""A critic for any LM: :math:`V(s_t) = w^\top \mathrm{logits}_t + b` from a copy of the model.
+
+    ``forward(ids [B, T], attention_mask=None) -> values [B, T]``; ``values[:, t]`` is the value of
+    the state after reading ``ids[:, :t + 1]``. The head starts at zero, so :math:`V \equiv 0`
+    at first. Chapter: 07_tiny_llm.
+    """
+
+    accepts_attention_mask = True
+
+    def __init__(self, lm: nn.Module, vocab_size: int):
+        super().__init__()
+        self.lm = lm
+        self.head = nn.Linear(vocab_size, 1)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, ids, attention_mask=None):
+        return self.head(call_model(self.lm, ids, attention_mask)).squeeze(-1)
+
+
+@dataclass
+class Batch:
+    """The responses of one step: ``problems[i]`` was answered by row ``i`` of ``rollout``."""
+
+    problems: list
+    rollout: Rollout
+    rewards: torch.Tensor          # [N] reward of the chosen checker
+    correct: torch.Tensor          # [N] exact-match (the true reward)
+    responses: list
+    zero_var_share: float          # of the first sampling round
+
+
+@dataclass
+class RLResult:
+    """What :func:`train` returns: the trained model, the critic (PPO) and the per-step log."""
+
+    model: nn.Module
+    history: dict                 # per update step: lists of length (number of steps run)
+    evals: dict                   # held-out evaluations: "step" = updates done before it (0 = base model)
+    config: RLConfig
+    critic: nn.Module | None = None
+    samples: list = field(default_factory=list)   # a few (prompt, response, reward) of the last step
+
+    def array(self, key: str) -> np.ndarray:
+        """``history[key]`` or ``evals[key]`` as a float array."""
+        src = self.history if key in self.history else self.evals
+        return np.asarray(src[key], dtype=float)
+
+
+def _cat_rollouts(parts: Sequence[Rollout], pad_id: int, width: int) -> Rollout:
+    """Stack rollouts: prompts left-padded to the longest, responses right-padded to ``width`` tokens."""
+    P = max(p.prompt_ids.shape[1] for p in parts)
+    F = torch.nn.functional
+
+    def right(x, value):
+        return F.pad(x, (0, width - x.shape[1]), value=value)
+
+    def left(x, value):
+        return F.pad(x, (P - x.shape[1], 0), value=value)
+
+    return Rollout(prompt_ids=torch.cat([left(p.prompt_ids, pad_id) for p in parts]),
+                   prompt_mask=torch.cat([left(p.prompt_mask, False) for p in parts]),
+                   response_ids=torch.cat([right(p.response_ids, pad_id) for p in parts]),
+                   mask=torch.cat([right(p.mask, 0.0) for p in parts]),
+                   logprobs=torch.cat([right(p.logprobs, 0.0) for p in parts]),
+                   model_logprobs=torch.cat([right(p.model_logprobs, 0.0) for p in parts]),
+                   finished=torch.cat([p.finished for p in parts]))
+
+
+def _select(ro: Rollout, idx: torch.Tensor) -> Rollout:
+    return Rollout(*(getattr(ro, f)[idx] for f in ("prompt_ids", "prompt_mask", "response_ids", "mask",
+                                                   "logprobs", "model_logprobs", "finished")))
+
+
+@torch.no_grad()
+def collect(model, tok: CharTokenizer, task: Task, cfg: RLConfig, rng: random.Random,
+            generator: torch.Generator, device=None) -> Batch:
+    """Sample ``group_size`` responses to each of ``prompts_per_step`` training prompts and score them.
+
+    With ``dynamic_sampling`` (DAPO), groups whose rewards are all equal are dropped and more
+    prompts are drawn, up to ``max_sample_rounds`` rounds; the batch may end up smaller.
+    Responses are padded to the task's full budget ``task.max_new_tokens``.
+    """
+    G = cfg.group_size
+    kept_problems, kept_rollouts, kept_rewards, kept_correct, kept_resp = [], [], [], [], []
+    zero_share = None
+    for _ in range(cfg.max_sample_rounds if cfg.dynamic_sampling else 1):
+        need = cfg.prompts_per_step - len(kept_problems) // G
+        if need <= 0:
+            break
+        probs = task.problems(need, rng, split="train")
+        rows = [p for p in probs for _ in range(G)]
+        ids, mask = encode_prompts(rows, tok, device)
+        ro = sample(model, ids, mask, max_new_tokens=task.max_new_tokens, eos_id=tok.eos_id, pad_id=tok.pad_id,
+                    temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, generator=generator)
+        resp = tok.decode_batch(ro.response_ids.cpu())
+        rewards = task.score(resp, rows, cfg.checker)
+        correct = task.score(resp, rows, "exact")
+        flat = rewards.view(-1, G)
+        varied = (flat.max(1).values > flat.min(1).values)
+        if zero_share is None:
+            zero_share = 1.0 - varied.float().mean().item()
+        if cfg.dynamic_sampling:
+            keep_groups = varied.nonzero().flatten()[:need]
+        else:
+            keep_groups = torch.arange(flat.shape[0])
+        rows_idx = (keep_groups[:, None] * G + torch.arange(G)).flatten()
+        if len(rows_idx) == 0:
+            continue
+        kept_problems += [rows[i] for i in rows_idx.tolist()]
+        kept_rollouts.append(_select(ro, rows_idx.to(ro.response_ids.device)))
+        kept_rewards.append(rewards[rows_idx])
+        kept_correct.append(correct[rows_idx])
+        kept_resp += [resp[i] for i in rows_idx.tolist()]
+    if not kept_rollouts:     # every group had zero variance: return the last round (no gradient)
+        return Batch(rows, _cat_rollouts([ro], tok.pad_id, task.max_new_tokens), rewards, correct, resp, zero_share)
+    return Batch(kept_problems, _cat_rollouts(kept_rollouts, tok.pad_id, task.max_new_tokens),
+                 torch.cat(kept_rewards), torch.cat(kept_correct), kept_resp, zero_share)
+
+
+def sequence_advantages(rewards: torch.Tensor, algo: str, group_size: int) -> torch.Tensor:
+    r"""One advantage per response for the critic-free algorithms (``rewards`` ``[N]`` -> ``[N]``).
+
+    reinforce: :math:`R_i - \bar R` over the batch; rloo: :func:`rlkit.objectives.rloo_advantages`;
+    grpo/dapo/gspo: :func:`rlkit.objectives.grpo_advantages` with ``scale="std"``;
+    dr_grpo: the same with ``scale="none"``. Chapter: 07_tiny_llm.
+    """
+    if algo == "reinforce":
+        return rewards - rewards.mean()
+    if algo == "rloo":
+        return rloo_advantages(rewards, group_size)
+    if algo in ("grpo", "dapo", "gspo"):
+        return grpo_advantages(rewards, group_size, scale="std")
+    if algo == "dr_grpo":
+        return grpo_advantages(rewards, group_size, scale="none")
+    raise ValueError(f"sequence_advantages: no sequence-level advantage for algo {algo!r}")
+
+
+def _kl_estimate(name: str, logp, logp_ref):
+    return kl_k1(logp, logp_ref) if name == "k1" else kl_k3(logp, logp_ref)
+
+
+def _policy_loss(cfg: RLConfig, logp, old, adv_tok, mask):
+    """The algorithm's policy loss on a minibatch and its clip fraction.
+
+    Responses are padded to the task's full budget, so ``seq-mean-token-sum-norm`` divides by the
+    constant ``max_new_tokens`` (Dr. GRPO), not by the longest response of the batch.
+    """
+    if cfg.algo in ("reinforce", "rloo"):
+        return policy_gradient_loss(logp, adv_tok, mask, cfg.aggregation), 0.0
+    if cfg.algo == "gspo":
+        # length-normalised sequence log-probs -> ratio s_i = exp(mean_t log pi/pi_old)
+        n = mask.sum(-1, keepdim=True).clamp_min(1.0)
+        seq_new = (logp * mask).sum(-1, keepdim=True) / n
+        seq_old = (old * mask).sum(-1, keepdim=True) / n
+        loss, st = ppo_clip_loss(seq_new, seq_old, adv_tok[:, :1], eps=cfg.clip_eps, eps_high=cfg.clip_eps_high,
+                                 mask=(n > 0).float(), aggregation="token-mean")
+        return loss, st["clip_fraction"].item()
+    loss, st = ppo_clip_loss(logp, old, adv_tok, eps=cfg.clip_eps, eps_high=cfg.clip_eps_high, mask=mask,
+                             aggregation=cfg.aggregation)
+    return loss, st["clip_fraction"].item()
+
+
+def train(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig | None = None, *,
+          ref_model: nn.Module | None = None, critic: nn.Module | None = None,
+          eval_problems: Sequence[Problem] | None = None, callback: Callable | None = None,
+          verbose: bool = False) -> RLResult:
+    """Train ``model`` (in place) on ``task`` with ``cfg.algo``; return an :class:`RLResult`.
+
+    Args:
+        model: any LM following the protocol (``ids -> logits``); its parameters are updated.
+        tok: the tokenizer the model was trained with.
+        task: a :class:`rlkit.llm.tasks.Task`; the reward is ``task.checkers[cfg.checker]``.
+        cfg: an :class:`RLConfig` (defaults: GRPO).
+        ref_model: the frozen reference for the KL term and the logged KL (default: a copy of
+            ``model`` taken before training).
+        critic: PPO's value model (default: ``ValueHead(copy of model)``).
+        eval_problems: held-out problems for the greedy / sampled accuracy (default:
+            ``cfg.eval_problems`` from the task's test split).
+        callback: called as ``callback(step, history, evals)`` after every step; return True to stop.
+
+    Chapter: 07_tiny_llm.
+    """
+    if cfg is None:
+        cfg = RLConfig()
+    if not isinstance(cfg, RLConfig):
+        raise TypeError(f"train: cfg must be an RLConfig, got {type(cfg).__name__}")
+    if not isinstance(task, Task):
+        raise TypeError(f"train: task must be a rlkit.llm.tasks.Task, got {type(task).__name__}")
+    if not isinstance(tok, CharTokenizer):
+        raise TypeError(f"train: tok must be a CharTokenizer, got {type(tok).__name__}")
+    cfg = cfg.resolved()
+    if cfg.checker not in task.checkers:
+        raise ValueError(f"train: checker {cfg.checker!r} is not one of the task's {list(task.checkers)}")
+    params = list(model.parameters())
+    dev = params[0].device
+    rng = random.Random(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    if ref_model is None:
+        ref_model = copy.deepcopy(model)
+    ref_model.eval()
+    for p in ref_model.parameters():
+        p.requires_grad_(False)
+    opt = torch.optim.Adam(params, lr=cfg.lr)
+    if cfg.algo == "ppo":
+        if critic is None:
+            critic = ValueHead(copy.deepcopy(model), tok.vocab_size).to(dev)
+        vopt = torch.optim.Adam(critic.parameters(), lr=cfg.value_lr)
+    if eval_problems is None:
+        eval_problems = task.problems(cfg.eval_problems, seed=10_000 + cfg.seed, split="test")
+    eval_gen = torch.Generator().manual_seed(cfg.seed + 1)
+    G = cfg.group_size
+    keys = ("reward", "accuracy", "kl", "entropy", "clip_fraction", "zero_var_share", "response_length",
+            "loss", "grad_norm", "train_seconds")
+    hist = {k: [] for k in keys}
+    evals = {k: [] for k in ("step", "train_seconds", "greedy_accuracy", "sampled_accuracy")}
+    if cfg.checker != "exact":
+        evals.update(greedy_reward=[], sampled_reward=[])
+    train_time = 0.0
+
+    def run_eval(step):
+        g = evaluate(model, tok, task, eval_problems, greedy=True)
+        s = evaluate(model, tok, task, eval_problems, greedy=False, temperature=cfg.temperature,
+                     generator=eval_gen)
+        evals["step"].append(step)
+        evals["train_seconds"].append(train_time)
+        evals["greedy_accuracy"].append(g["accuracy"])
+        evals["sampled_accuracy"].append(s["accuracy"])
+        if cfg.checker != "exact":
+            evals["greedy_reward"].append(task.score(g["responses"], eval_problems, cfg.checker).mean().item())
+            evals["sampled_reward"].append(task.score(s["responses"], eval_problems, cfg.checker).mean().item())
+        if verbose:
+            print(f"[eval after {step} updates] held-out greedy {g['accuracy']:.3f} sampled {s['accuracy']:.3f}"
+                  f"  ({train_time:.1f} s of training)")
+
+    run_eval(0)
+    for step in range(cfg.steps):
+        t0 = time.perf_counter()
+        model.eval()                                     # no dropout anyway; sampling is no-grad
+        batch = collect(model, tok, task, cfg, rng, gen, dev)
+        ro = batch.rollout
+        mask = ro.mask
+        N = mask.shape[0]
+        with torch.no_grad():
+            if cfg.temperature == 1.0:
+                old = ro.model_logprobs                  # = log pi_old of the sampled tokens
+            else:
+                old = token_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.response_ids, mask,
+                                     temperature=cfg.temperature)
+            ref = token_logprobs(ref_model, ro.prompt_ids, ro.prompt_mask, ro.response_ids, mask,
+                                 temperature=cfg.temperature)
+            kl_tok = _kl_estimate(cfg.kl_estimator, old, ref) * mask    # per-token k_t
+            rewards = batch.rewards.to(dev)
+            # --- advantages -------------------------------------------------------------
+            if cfg.algo == "ppo":
+                tok_rewards = torch.zeros_like(mask)
+                last = (mask.sum(-1).long() - 1).clamp_min(0)
+                tok_rewards[torch.arange(N, device=dev), last] = rewards
+                if cfg.kl_coef > 0 and cfg.kl_in == "reward":
+                    tok_rewards = tok_rewards - cfg.kl_coef * kl_tok
+                values = _critic_values(critic, ro) * mask
+                next_values = torch.cat([values[:, 1:], torch.zeros_like(values[:, :1])], dim=1) * mask
+                not_last = torch.zeros_like(mask)
+                not_last[:, :-1] = mask[:, 1:]                        # 1 where another token follows
+                discounts = cfg.gamma * not_last
+                adv_tok, returns = gae(tok_rewards, values, next_values, discounts, cfg.lam)
+                adv_tok = normalize_advantages(adv_tok, mask)
+            else:
+                seq_r = rewards
+                if cfg.kl_coef > 0 and cfg.kl_in == "reward":
+                    seq_r = seq_r - cfg.kl_coef * kl_tok.sum(-1)
+                adv = sequence_advantages(seq_r, cfg.algo, G)
+                adv_tok = adv[:, None].expand_as(mask) * mask
+        # --- update -------------------------------------------------------------------
+        model.train()
+        n_groups = N // G
+        losses, clips, ents, gnorms = [], [], [], []
+        for _ in range(cfg.epochs):
+            order = torch.randperm(n_groups, generator=gen)
+            for chunk in order.chunk(min(cfg.minibatches, max(1, n_groups))):
+                rows = (chunk[:, None] * G + torch.arange(G)).flatten().to(dev)
+                m = mask[rows]
+                logp, ent = token_logprobs(model, ro.prompt_ids[rows], ro.prompt_mask[rows], ro.response_ids[rows],
+                                           m, temperature=cfg.temperature, with_entropy=True)
+                loss, clip = _policy_loss(cfg, logp, old[rows], adv_tok[rows], m)
+                if cfg.kl_coef > 0 and cfg.kl_in == "loss":
+                    kl_term = _kl_estimate(cfg.kl_estimator, logp, ref[rows])
+                    loss = loss + cfg.kl_coef * aggregate(kl_term, m, "token-mean")
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                gnorms.append(float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)))
+                opt.step()
+                if cfg.algo == "ppo":
+                    v = _critic_values(critic, _select(ro, rows))
+                    vloss = cfg.value_coef * 0.5 * aggregate((v - returns[rows]) ** 2, m, "token-mean")
+                    vopt.zero_grad(set_to_none=True)
+                    vloss.backward()
+                    torch.nn.utils.clip_grad_norm_(critic.parameters(), cfg.grad_clip)
+                    vopt.step()
+                losses.append(loss.item())
+                clips.append(clip)
+                ents.append((ent * m).sum().item() / max(1.0, m.sum().item()))
+        train_time += time.perf_counter() - t0
+        model.eval()
+        # --- log ----------------------------------------------------------------------
+        h = hist
+        h["reward"].append(batch.rewards.mean().item())
+        h["accuracy"].append(batch.correct.mean().item())
+        h["kl"].append((kl_k3(old, ref) * mask).sum().item() / max(1.0, mask.sum().item()))
+        h["entropy"].append(float(np.mean(ents)) if ents else float("nan"))
+        h["clip_fraction"].append(float(np.mean(clips)) if clips else float("nan"))
+        h["zero_var_share"].append(batch.zero_var_share)
+        h["response_length"].append(mask.sum(-1).mean().item())
+        h["loss"].append(float(np.mean(losses)) if losses else float("nan"))
+        h["grad_norm"].append(float(np.mean(gnorms)) if gnorms else float("nan"))
+        h["train_seconds"].append(train_time)
+        if verbose:
+            print(f"step {step:4d} reward {h['reward'][-1]:.3f} acc {h['accuracy'][-1]:.3f} "
+                  f"kl {h['kl'][-1]:.4f} ent {h['entropy'][-1]:.3f} clip {h['clip_fraction'][-1]:.3f} "
+                  f"zero-var {batch.zero_var_share:.2f} len {h['response_length'][-1]:.2f} t {train_time:.1f}s")
+        if (step + 1) % cfg.eval_every == 0 or step == cfg.steps - 1:
+            run_eval(step + 1)
+        if callback is not None and callback(step, hist, evals):
+            if evals["step"][-1] != step + 1:
+                run_eval(step + 1)
+            break
+    samples = [(p.prompt, r, float(x)) for p, r, x in zip(batch.problems[:8], batch.responses[:8], batch.rewards[:8])]
+    return RLResult(model=model, history=hist, evals=evals, config=cfg,
+                    critic=critic if cfg.algo == "ppo" else None, samples=samples)
+
+
+def _critic_values(critic, ro: Rollout) -> torch.Tensor:
+    """V(s_t) for every response position t: the state after the prompt and y_<t."""
+    P, T = ro.prompt_ids.shape[1], ro.response_ids.shape[1]
+    ids = torch.cat([ro.prompt_ids, ro.response_ids], 1)
+    att = torch.cat([ro.prompt_mask, torch.ones_like(ro.response_ids, dtype=torch.bool)], 1)
+    return critic(ids, attention_mask=att)[:, P - 1:P - 1 + T]
+
+
+def steps_to_reach(evals: dict, threshold: float = 0.9,
+                   keys: Sequence[str] = ("greedy_accuracy", "sampled_accuracy")):
+    """First evaluation where every one of ``keys`` is >= ``threshold``.
+
+    ``evals`` is :attr:`RLResult.evals`. Returns ``(updates, training_seconds)`` at that
+    evaluation, or ``(None, None)`` if it never happened.
+    """
+    for i, step in enumerate(evals["step"]):
+        if all(evals[k][i] >= threshold for k in keys):
+            return step, evals["train_seconds"][i]
+    return None, None
