@@ -1,0 +1,279 @@
+r"""Checkers for the exercises of chapter 3, ``lessons/03_importance_sampling.ipynb``.
+
+Four exercises, each with the reference solution, the cases it is checked on, and the known wrong
+variants whose outputs :func:`rlkit.exercises.check` recognises ("likely cause: ..."):
+
+* ``importance_sampling_estimate(f_values, logp, logq)``: the ordinary importance-sampling
+  estimate :math:`\frac1n\sum_i \frac{p(x_i)}{q(x_i)} f(x_i)` from log-probabilities.
+* ``chi_square_divergence(logits_p, logits_q)``: :math:`\chi^2(p\|q) = \sum_x p(x)^2/q(x) - 1`,
+  the variance of the importance weight under :math:`q`.
+* ``ess_from_log_weights(log_w)``: Kish's effective sample size :math:`(\sum w)^2/\sum w^2`,
+  computed in log space.
+* ``geometric_mean_ratio(logp_new, logp_old, mask)``: the length-normalised sequence ratio of
+  GSPO, :math:`\exp\big(\frac{1}{|y|}\sum_t m_t(\log\pi_{\text{new}} - \log\pi_{\text{old}})\big)`.
+"""
+from __future__ import annotations
+
+import torch
+
+from rlkit.exercises import Case, Exercise, Mistake, register
+
+__all__: list[str] = []
+
+
+def _check_same(fn: str, **tensors):
+    ref_name, ref = next(iter(tensors.items()))
+    for name, x in tensors.items():
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            raise TypeError(f"{fn}: {name} must be a floating-point torch.Tensor")
+        if x.dim() < 1 or x.shape != ref.shape:
+            raise ValueError(f"{fn}: {name} must have the shape of {ref_name} {tuple(ref.shape)}, "
+                             f"got {tuple(x.shape)}")
+
+
+# ------------------------------------------------------------ 1. importance_sampling_estimate
+
+def _is_estimate(f_values, logp, logq):
+    r""":math:`\frac1n\sum_i e^{\log p_i - \log q_i} f_i` over the last dimension; ``[..., n] -> [...]``."""
+    _check_same("importance_sampling_estimate", f_values=f_values, logp=logp, logq=logq)
+    return (torch.exp(logp - logq) * f_values).mean(-1)
+
+
+def _is_inverted(f_values, logp, logq):
+    return (torch.exp(logq - logp) * f_values).mean(-1)
+
+
+def _is_self_normalised(f_values, logp, logq):
+    w = torch.softmax(logp - logq, dim=-1)
+    return (w * f_values).sum(-1)
+
+
+def _is_exp_then_divide(f_values, logp, logq):
+    return (torch.exp(logp) / torch.exp(logq) * f_values).mean(-1)
+
+
+def _is_forgot_f(f_values, logp, logq):
+    return torch.exp(logp - logq).mean(-1)
+
+
+def _is_cases():
+    g = torch.Generator().manual_seed(3001)
+    x = torch.randn(6, 50, generator=g, dtype=torch.float64)            # x ~ q = N(0, 1)
+    mu = torch.linspace(0.0, 1.0, 6, dtype=torch.float64)[:, None]      # p = N(mu, 1)
+    logq = -0.5 * x ** 2
+    logp = -0.5 * (x - mu) ** 2
+    lp3 = torch.log(torch.tensor([0.5, 0.25, 0.25]))
+    lq3 = torch.log(torch.tensor([0.25, 0.25, 0.5]))
+    return [
+        Case(args=(torch.tensor([1.0, 2.0, 3.0]), lp3, lq3), label="three samples, weights (2, 1, 1/2)"),
+        Case(args=(x, logp, logq), label="6 Gaussian shifts, 50 samples each, f(x) = x (float64)"),
+        Case(args=(torch.tensor([[1.0, -1.0, 2.0]]), torch.tensor([[-1000.0, -1001.0, -1002.0]]),
+                   torch.tensor([[-1000.5, -1000.0, -1003.0]])),
+             label="log-probabilities near -1000 (long sequences): exp underflows to 0"),
+    ]
+
+
+register(Exercise(
+    name="importance_sampling_estimate",
+    chapter=3,
+    reference=_is_estimate,
+    cases=_is_cases,
+    mistakes=[
+        Mistake(_is_inverted, "the ratio is upside down: the weight is p/q (target over sampling "
+                "distribution), exp(logp - logq)"),
+        Mistake(_is_self_normalised, "you self-normalised the weights (divided by their sum): that "
+                "is a different, slightly biased estimator; the ordinary estimate divides by n"),
+        Mistake(_is_exp_then_divide, "exp(logp) / exp(logq) underflows to 0/0 = NaN for log-probabilities "
+                "like -1000: subtract the logs first, exp(logp - logq)"),
+        Mistake(_is_forgot_f, "f is missing: you averaged the weights alone (which estimates 1)"),
+    ],
+    atol=1e-6,
+    description="Ordinary importance-sampling estimate computed from log-probabilities.",
+))
+
+
+# ------------------------------------------------------------------- 2. chi_square_divergence
+
+def _chi_square(logits_p, logits_q):
+    r""":math:`\sum_x p^2/q - 1` with :math:`p, q` = softmax of the logits; ``[..., K] -> [...]``."""
+    _check_same("chi_square_divergence", logits_p=logits_p, logits_q=logits_q)
+    lp = torch.log_softmax(logits_p, dim=-1)
+    lq = torch.log_softmax(logits_q, dim=-1)
+    return torch.exp(torch.logsumexp(2 * lp - lq, dim=-1)) - 1.0
+
+
+def _chi_swapped(logits_p, logits_q):
+    return _chi_square(logits_q, logits_p)
+
+
+def _chi_no_minus_one(logits_p, logits_q):
+    return _chi_square(logits_p, logits_q) + 1.0
+
+
+def _chi_kl(logits_p, logits_q):
+    lp = torch.log_softmax(logits_p, dim=-1)
+    lq = torch.log_softmax(logits_q, dim=-1)
+    return (lp.exp() * (lp - lq)).sum(-1)
+
+
+def _chi_unnormalised(logits_p, logits_q):
+    return (torch.exp(2 * logits_p - logits_q)).sum(-1) - 1.0
+
+
+def _chi_cases():
+    g = torch.Generator().manual_seed(3002)
+    return [
+        Case(args=(torch.log(torch.tensor([0.5, 0.5])), torch.log(torch.tensor([0.25, 0.75]))),
+             label="p=(1/2, 1/2), q=(1/4, 3/4): 4/3 - 1"),
+        Case(args=(torch.randn(4, 6, generator=g, dtype=torch.float64),
+                   torch.randn(4, 6, generator=g, dtype=torch.float64)), label="[4, 6] random logits, float64"),
+        Case(args=(torch.tensor([2.0, 1.0, 0.0]), torch.tensor([5.0, 4.0, 3.5])),
+             label="unnormalised logits (shifted by a constant)"),
+    ]
+
+
+register(Exercise(
+    name="chi_square_divergence",
+    chapter=3,
+    reference=_chi_square,
+    cases=_chi_cases,
+    mistakes=[
+        Mistake(_chi_swapped, "p and q are swapped: the variance of w = p/q under q is "
+                "sum p^2/q - 1 (the sampling distribution q is in the denominator)"),
+        Mistake(_chi_no_minus_one, "you returned E_q[w^2] = sum p^2/q; the variance subtracts "
+                "(E_q[w])^2 = 1"),
+        Mistake(_chi_kl, "this is KL(p || q); the variance of the weight is the chi-square divergence"),
+        Mistake(_chi_unnormalised, "the logits were used as log-probabilities without normalising "
+                "(log_softmax) them first"),
+    ],
+    atol=1e-6,
+    description="Chi-square divergence between categoricals = variance of the importance weight.",
+))
+
+
+# ------------------------------------------------------------------- 3. ess_from_log_weights
+
+def _ess(log_w):
+    r""":math:`\exp(2\,\mathrm{LSE}(\ell) - \mathrm{LSE}(2\ell))` over the last dim; ``[..., n] -> [...]``."""
+    if not isinstance(log_w, torch.Tensor) or not log_w.is_floating_point() or log_w.dim() < 1:
+        raise TypeError("ess_from_log_weights: log_w must be a floating-point torch.Tensor [..., n]")
+    return torch.exp(2 * torch.logsumexp(log_w, -1) - torch.logsumexp(2 * log_w, -1))
+
+
+def _ess_naive(log_w):
+    w = torch.exp(log_w)
+    return w.sum(-1) ** 2 / (w ** 2).sum(-1)
+
+
+def _ess_inverted(log_w):
+    return 1.0 / _ess(log_w)
+
+
+def _ess_fraction(log_w):
+    return _ess(log_w) / log_w.shape[-1]
+
+
+def _ess_unnormalised(log_w):
+    # n / E[w^2], the large-n formula for weights of mean 1, applied to raw weights
+    w = torch.exp(log_w - log_w.max(-1, keepdim=True).values)
+    return log_w.shape[-1] / (w ** 2).mean(-1)
+
+
+def _ess_cases():
+    g = torch.Generator().manual_seed(3003)
+    return [
+        Case(args=(torch.log(torch.tensor([1.0, 2.0, 3.0])),), label="weights (1, 2, 3): 36/14"),
+        Case(args=(torch.zeros(5),), label="equal weights: n"),
+        Case(args=(torch.randn(3, 40, generator=g, dtype=torch.float64) * 2,), label="[3, 40] float64"),
+        Case(args=(torch.tensor([[400.0, 399.0, 390.0], [-800.0, -801.0, -805.0]]),),
+             label="log-weights of +-400 and -800: exp overflows or underflows"),
+    ]
+
+
+register(Exercise(
+    name="ess_from_log_weights",
+    chapter=3,
+    reference=_ess,
+    cases=_ess_cases,
+    mistakes=[
+        Mistake(_ess_naive, "exp(log_w) overflows to inf (or underflows to 0) for large log-weights: "
+                "stay in log space, ESS = exp(2 logsumexp(l) - logsumexp(2 l))"),
+        Mistake(_ess_inverted, "the fraction is upside down: ESS = (sum w)^2 / sum w^2, which lies "
+                "between 1 and n"),
+        Mistake(_ess_fraction, "you divided by n: that is the ESS *fraction*; return the ESS itself"),
+        Mistake(_ess_unnormalised, "n / mean(w^2) assumes the weights have mean 1; Kish's formula "
+                "(sum w)^2 / sum w^2 does not depend on their scale"),
+    ],
+    atol=1e-6,
+    rtol=1e-5,
+    description="Kish's effective sample size from log-weights.",
+))
+
+
+# ------------------------------------------------------------------- 4. geometric_mean_ratio
+
+def _geo(logp_new, logp_old, mask):
+    r""":math:`\exp\big(\sum_t m_t \ell_t / \max(1, \sum_t m_t)\big)`, :math:`\ell = \log\pi_{new} - \log\pi_{old}`;
+    ``[B, T] -> [B]``."""
+    _check_same("geometric_mean_ratio", logp_new=logp_new, logp_old=logp_old)
+    if not isinstance(mask, torch.Tensor) or mask.shape != logp_new.shape:
+        raise ValueError("geometric_mean_ratio: mask must be a tensor with the shape of logp_new")
+    m = mask.to(logp_new.dtype)
+    lr = torch.where(m > 0, logp_new - logp_old, torch.zeros_like(logp_new))
+    return torch.exp(lr.sum(-1) / m.sum(-1).clamp(min=1.0))
+
+
+def _geo_no_mask(logp_new, logp_old, mask):
+    return torch.exp((logp_new - logp_old).mean(-1))
+
+
+def _geo_divide_by_T(logp_new, logp_old, mask):
+    m = mask.to(logp_new.dtype)
+    return torch.exp((m * (logp_new - logp_old)).sum(-1) / logp_new.shape[-1])
+
+
+def _geo_arithmetic(logp_new, logp_old, mask):
+    m = mask.to(logp_new.dtype)
+    return (m * torch.exp(logp_new - logp_old)).sum(-1) / m.sum(-1).clamp(min=1.0)
+
+
+def _geo_product(logp_new, logp_old, mask):
+    m = mask.to(logp_new.dtype)
+    return torch.exp((m * (logp_new - logp_old)).sum(-1))
+
+
+def _geo_cases():
+    g = torch.Generator().manual_seed(3004)
+    B, T = 4, 7
+    lengths = torch.tensor([7, 3, 5, 1])
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    lo = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3
+    ln = lo + 0.3 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    ln = torch.where(mask, ln, torch.full_like(ln, 5.0))         # garbage in the padding
+    return [
+        Case(args=(torch.log(torch.tensor([[0.5, 0.2]])), torch.log(torch.tensor([[0.25, 0.4]])),
+                   torch.tensor([[True, True]])), label="token ratios 2 and 1/2: geometric mean 1"),
+        Case(args=(ln, lo, mask), label="4 responses of lengths 7, 3, 5, 1 (float64, garbage in padding)"),
+        Case(args=(torch.tensor([[-1.0, -60.0, -1.0]]), torch.tensor([[-51.0, -12.0, -3.0]]),
+                   torch.tensor([[1.0, 1.0, 0.0]])), label="log-ratios of +50 and -48 (geometric mean e), "
+                                                           "0/1 float mask"),
+    ]
+
+
+register(Exercise(
+    name="geometric_mean_ratio",
+    chapter=3,
+    reference=_geo,
+    cases=_geo_cases,
+    mistakes=[
+        Mistake(_geo_no_mask, "the mask is ignored: padding tokens enter the average"),
+        Mistake(_geo_divide_by_T, "you divided by the padded length T instead of the response length "
+                "sum(mask): short responses get ratios pulled towards 1"),
+        Mistake(_geo_arithmetic, "this is the arithmetic mean of the token ratios; GSPO uses the "
+                "geometric mean, the exp of the mean log-ratio"),
+        Mistake(_geo_product, "this is the full sequence ratio (the product); the geometric mean takes "
+                "its |y|-th root"),
+    ],
+    atol=1e-6,
+    description="GSPO's length-normalised (geometric-mean) sequence ratio.",
+))

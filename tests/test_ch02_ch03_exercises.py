@@ -1,0 +1,223 @@
+"""Tests of the exercise checkers of chapters 2 and 3 (rlkit/exercises/ch02.py, ch03.py).
+
+Every reference passes its own checker, every registered mistake is caught and diagnosed with its
+own cause, and the references agree with independent computations: hand-worked values, closed
+forms, slow loops written here, and rlkit's library functions (returns.gae, returns.n_step_returns,
+offpolicy.importance_ratio, estimators.effective_sample_size / importance_weight_variance).
+"""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from rlkit.exercises import check, exercises, get
+
+CH02 = ["k_step_advantage", "gae_advantages", "lambda_average", "optimal_constant_baseline"]
+CH03 = ["importance_sampling_estimate", "chi_square_divergence", "ess_from_log_weights", "geometric_mean_ratio"]
+ALL = CH02 + CH03
+
+
+def test_chapters_register_their_exercises():
+    assert sorted(e.name for e in exercises(chapter=2)) == sorted(CH02)
+    assert sorted(e.name for e in exercises(chapter=3)) == sorted(CH03)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_reference_passes_its_own_check(name):
+    assert check(get(name).reference, name=name, verbose=False)
+
+
+@pytest.mark.parametrize("name,k", [(n, k) for n in ALL for k in range(len(get(n).mistakes))])
+def test_each_mistake_fails_with_its_cause(name, k):
+    mistake = get(name).mistakes[k]
+    result = check(mistake.fn, name=name, verbose=False)
+    assert not result
+    assert mistake.cause in result.message
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_each_exercise_knows_at_least_three_mistakes(name):
+    assert len(get(name).mistakes) >= 3
+
+
+def test_not_implemented_is_reported():
+    def gae_advantages(rewards, values, next_values, discounts, lam):
+        raise NotImplementedError
+
+    result = check(gae_advantages, verbose=False)
+    assert not result and "not implemented" in result.message
+
+
+# ------------------------------------------------------------------------------ chapter 2
+
+def _rows(seed, shape, p_term=0.2, gamma=0.95):
+    g = torch.Generator().manual_seed(seed)
+    r = torch.randn(*shape, generator=g, dtype=torch.float64)
+    v = torch.randn(*shape, generator=g, dtype=torch.float64)
+    nv = torch.cat([v[..., 1:], torch.randn(*shape[:-1], 1, generator=g, dtype=torch.float64)], -1)
+    d = gamma * (torch.rand(*shape, generator=g) > p_term).double()
+    return r, v, nv, d
+
+
+def test_k_step_advantage_hand_case():
+    ref = get("k_step_advantage").reference
+    # r = 1, gamma = 0.9, V = (2, 1.5, 1, .5), V after the last step = 3, k = 2
+    out = ref(torch.tensor([1.0] * 4), torch.tensor([2.0, 1.5, 1.0, 0.5]), torch.tensor([1.5, 1.0, 0.5, 3.0]),
+              torch.tensor([0.9] * 4), 2)
+    expected = [1 + 0.9 + 0.81 * 1.0 - 2.0, 1 + 0.9 + 0.81 * 0.5 - 1.5, 1 + 0.9 + 0.81 * 3.0 - 1.0, 1 + 0.9 * 3.0 - 0.5]
+    assert torch.allclose(out, torch.tensor(expected))
+
+
+def test_k_step_advantage_is_a_telescoped_sum_of_td_errors_and_matches_n_step_returns():
+    from rlkit.returns import n_step_returns, td_errors
+
+    ref = get("k_step_advantage").reference
+    r, v, nv, d = _rows(1, (3, 11))
+    delta = td_errors(r, v, nv, d)
+    for k in (1, 2, 5, 11, 20):
+        out = ref(r, v, nv, d, k)
+        assert torch.allclose(out, n_step_returns(r, d, nv, k) - v, atol=1e-12)
+        # sum_{l<m} (prod_{j<l} gamma_{t+j}) delta_{t+l}: equal because nv[t] = v[t+1] inside a row
+        T = r.shape[-1]
+        for b in range(3):
+            for t in range(T):
+                total, disc = 0.0, 1.0
+                for l in range(min(k, T - t)):
+                    total += disc * float(delta[b, t + l])
+                    disc *= float(d[b, t + l])
+                assert math.isclose(float(out[b, t]), total, rel_tol=1e-10, abs_tol=1e-10)
+
+
+def test_gae_advantages_matches_library_and_closed_forms():
+    from rlkit.returns import discounted_returns, gae, td_errors
+
+    ref = get("gae_advantages").reference
+    r, v, nv, d = _rows(2, (4, 13))
+    for lam in (0.0, 0.5, 0.95, 1.0):
+        assert torch.allclose(ref(r, v, nv, d, lam), gae(r, v, nv, d, lam)[0], atol=1e-12)
+    # lam = 0: the TD error; lam = 1: the discounted return bootstrapped with nv[-1], minus V
+    assert torch.allclose(ref(r, v, nv, d, 0.0), td_errors(r, v, nv, d), atol=1e-12)
+    assert torch.allclose(ref(r, v, nv, d, 1.0), discounted_returns(r, d, nv[..., -1]) - v, atol=1e-12)
+    # a zero in a per-step lam cuts the trace at that step
+    lam = torch.full_like(r, 0.9)
+    lam[:, 6] = 0.0
+    out = ref(r, v, nv, d, lam)
+    assert torch.allclose(out[:, 6], td_errors(r, v, nv, d)[:, 6], atol=1e-12)
+    assert torch.allclose(out, gae(r, v, nv, d, lam)[0], atol=1e-12)
+
+
+def test_gae_equals_lambda_average_of_k_step_advantages():
+    # the derivation of the chapter: GAE = (1-lam) sum_k lam^(k-1) A^(k) with the tail on A^(K)
+    ks, la, ga = (get(n).reference for n in ("k_step_advantage", "lambda_average", "gae_advantages"))
+    r, v, nv, d = _rows(3, (2, 9), p_term=0.25)
+    T = r.shape[-1]
+    stack = torch.stack([ks(r, v, nv, d, k) for k in range(1, T + 1)], dim=-1)   # [2, T, K=T]
+    for lam in (0.0, 0.3, 0.9, 1.0):
+        assert torch.allclose(la(stack, lam), ga(r, v, nv, d, lam), atol=1e-10)
+
+
+def test_lambda_average_hand_case_and_weights_sum_to_one():
+    la = get("lambda_average").reference
+    # K = 3, lam = 1/2: weights 1/2, 1/4 and the tail 1/4
+    assert math.isclose(float(la(torch.tensor([1.0, 2.0, 4.0]), 0.5)), 0.5 + 0.5 + 1.0)
+    for lam in (0.0, 0.2, 0.9, 1.0):
+        assert math.isclose(float(la(torch.ones(7, dtype=torch.float64), lam)), 1.0, rel_tol=1e-12)
+
+
+def test_optimal_constant_baseline_minimises_the_summed_variance():
+    ocb = get("optimal_constant_baseline").reference
+    g = torch.Generator().manual_seed(4)
+    s = torch.randn(500, 4, generator=g, dtype=torch.float64) * torch.tensor([0.3, 1.0, 2.0, 0.5], dtype=torch.float64)
+    G = 2.0 + (s ** 2).sum(-1) + torch.randn(500, generator=g, dtype=torch.float64)
+    b_star = float(ocb(s, G))
+
+    def summed_var(b):   # sum over parameters of the sample variance of s_j (G - b)
+        x = (s * (G - b)[:, None]).numpy()
+        return float(np.var(x, axis=0).sum())
+
+    grid = np.linspace(b_star - 3, b_star + 3, 601)
+    values = [summed_var(b) for b in grid]
+    # the sample variance is a quadratic in b whose minimum is b* up to the (E s)^2 term; with
+    # E[s] = 0 the two agree to sampling error
+    assert abs(grid[int(np.argmin(values))] - b_star) < 0.15
+    # hand case: |s|^2 = (1, 4, 2), G = (1, 2, 3): (1 + 8 + 6) / 7
+    out = ocb(torch.tensor([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]]), torch.tensor([1.0, 2.0, 3.0]))
+    assert math.isclose(float(out), 15 / 7, rel_tol=1e-6)
+
+
+@pytest.mark.parametrize("name,args,err", [
+    ("k_step_advantage", (torch.zeros(3), torch.zeros(3), torch.zeros(3), torch.zeros(3), 0), ValueError),
+    ("k_step_advantage", (torch.zeros(3), torch.zeros(4), torch.zeros(3), torch.zeros(3), 1), ValueError),
+    ("gae_advantages", (torch.zeros(3), torch.zeros(3), torch.zeros(3), torch.zeros(3), 1.5), ValueError),
+    ("gae_advantages", (torch.zeros(3, dtype=torch.int64), torch.zeros(3), torch.zeros(3), torch.zeros(3), 0.5),
+     TypeError),
+    ("gae_advantages", (torch.zeros(3), torch.zeros(3), torch.zeros(3), torch.zeros(3), torch.zeros(4)), ValueError),
+    ("lambda_average", (torch.zeros(3), -0.1), ValueError),
+    ("optimal_constant_baseline", (torch.zeros(4, 2), torch.zeros(3)), ValueError),
+    ("importance_sampling_estimate", (torch.zeros(3), torch.zeros(3), torch.zeros(4)), ValueError),
+    ("chi_square_divergence", (torch.zeros(3), torch.zeros(3, dtype=torch.int64)), TypeError),
+    ("ess_from_log_weights", (torch.tensor([1, 2]),), TypeError),
+    ("geometric_mean_ratio", (torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 2)), ValueError),
+])
+def test_references_validate_input(name, args, err):
+    with pytest.raises(err):
+        get(name).reference(*args)
+
+
+# ------------------------------------------------------------------------------ chapter 3
+
+def test_importance_sampling_estimate_hand_case_and_unbiasedness():
+    est = get("importance_sampling_estimate").reference
+    lp = torch.log(torch.tensor([0.5, 0.25, 0.25]))
+    lq = torch.log(torch.tensor([0.25, 0.25, 0.5]))
+    # weights (2, 1, 1/2), f = (1, 2, 3): (2 + 2 + 1.5) / 3
+    assert math.isclose(float(est(torch.tensor([1.0, 2.0, 3.0]), lp, lq)), 5.5 / 3, rel_tol=1e-6)
+    # E_p[x] for p = N(0.5, 1) from 200k draws of q = N(0, 1)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(200_000, generator=g, dtype=torch.float64)
+    out = est(x, -0.5 * (x - 0.5) ** 2, -0.5 * x ** 2)
+    assert abs(float(out) - 0.5) < 0.02
+    # log-probabilities near -1000 stay finite
+    out = est(torch.ones(2), torch.tensor([-1000.0, -1001.0]), torch.tensor([-1001.0, -1000.0]))
+    assert math.isclose(float(out), (math.e + 1 / math.e) / 2, rel_tol=1e-6)
+
+
+def test_chi_square_matches_library_and_monte_carlo():
+    from rlkit.estimators import importance_weight_variance
+
+    chi = get("chi_square_divergence").reference
+    g = torch.Generator().manual_seed(6)
+    zp, zq = torch.randn(3, 5, generator=g, dtype=torch.float64), torch.randn(3, 5, generator=g, dtype=torch.float64)
+    assert torch.allclose(chi(zp, zq), importance_weight_variance(zp, zq), atol=1e-12)
+    # Monte Carlo variance of w = p/q under q
+    p, q = torch.softmax(zp[0], -1), torch.softmax(zq[0], -1)
+    xs = torch.multinomial(q, 400_000, replacement=True, generator=g)
+    w = (p / q)[xs]
+    assert abs(float(w.var()) - float(chi(zp[0], zq[0]))) < 0.05 * float(chi(zp[0], zq[0])) + 0.01
+
+
+def test_ess_matches_library():
+    from rlkit.estimators import effective_sample_size
+
+    ess = get("ess_from_log_weights").reference
+    g = torch.Generator().manual_seed(7)
+    lw = torch.randn(4, 30, generator=g, dtype=torch.float64) * 3
+    assert torch.allclose(ess(lw), effective_sample_size(lw), rtol=1e-10)
+    assert math.isclose(float(ess(torch.log(torch.tensor([1.0, 2.0, 3.0])))), 36 / 14, rel_tol=1e-6)
+
+
+def test_geometric_mean_ratio_matches_library_and_hand_case():
+    from rlkit.offpolicy import importance_ratio
+
+    geo = get("geometric_mean_ratio").reference
+    g = torch.Generator().manual_seed(8)
+    lo = -torch.rand(3, 6, generator=g, dtype=torch.float64) * 2
+    ln = lo + 0.2 * torch.randn(3, 6, generator=g, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0]], dtype=torch.bool)
+    assert torch.allclose(geo(ln, lo, mask), importance_ratio(ln, lo, mask, level="geometric"), atol=1e-12)
+    # ratios 2 and 1/2 -> 1; (ratio)^(1/|y|) of the product, by hand
+    out = geo(torch.log(torch.tensor([[0.5, 0.2]])), torch.log(torch.tensor([[0.25, 0.4]])), torch.ones(1, 2))
+    assert math.isclose(float(out), 1.0, rel_tol=1e-6)
+    prod = float(torch.exp((ln[1, :2] - lo[1, :2]).sum()))
+    assert math.isclose(float(geo(ln, lo, mask)[1]), prod ** 0.5, rel_tol=1e-10)
