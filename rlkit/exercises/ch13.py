@@ -1,0 +1,206 @@
+r"""Checkers for the exercises of chapter 13, ``lessons/13_engineering_checklist.ipynb``.
+
+* ``first_alert_step(values, max_value, patience)``: for a list of per-update values, the index of the first update at which a
+  ``max`` alert with ``patience`` fires (``patience`` consecutive values above ``max_value``, a
+  non-finite value counting as a violation), or -1 if it never fires.
+* ``window_drop_share(lag_probs, window)``: the share of data a version window of ``window``
+  versions drops, :math:`P(\ell \ge W) = \sum_{\ell \ge W} p_\ell`.
+* ``staleness_by_age(log_rho, ages, max_age)``: :math:`\hat S` per age, the mean of
+  :math:`\tfrac12|e^{\log\rho}-1|` over the samples of each age ``0..max_age`` (NaN where there is none).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from rlkit.exercises import Case, Exercise, Mistake, register
+
+__all__: list[str] = []
+F64 = torch.float64
+
+
+# -------------------------------------------------------------------- 1. first_alert_step
+
+def _first_alert(values, max_value, patience):
+    """Index at which the streak of violations first reaches ``patience`` (a tensor), else -1."""
+    if isinstance(values, torch.Tensor):
+        values = values.tolist()
+    if not isinstance(values, (list, tuple)):
+        raise TypeError("first_alert_step: values must be a list of floats (one value per update)")
+    if not (isinstance(patience, int) and patience >= 1):
+        raise ValueError(f"first_alert_step: patience must be an int >= 1, got {patience!r}")
+    streak = 0
+    for i, v in enumerate(values):
+        bad = (not math.isfinite(v)) or v > max_value
+        streak = streak + 1 if bad else 0
+        if streak == patience:
+            return torch.tensor(i)
+    return torch.tensor(-1)
+
+
+def _fa_no_reset(values, max_value, patience):
+    count = 0
+    for i, v in enumerate(values):
+        if (not math.isfinite(v)) or v > max_value:
+            count += 1
+            if count == patience:
+                return torch.tensor(i)
+    return torch.tensor(-1)
+
+
+def _fa_nan_ok(values, max_value, patience):
+    streak = 0
+    for i, v in enumerate(values):
+        streak = streak + 1 if v > max_value else 0      # NaN > x is False: NaN passes silently
+        if streak == patience:
+            return torch.tensor(i)
+    return torch.tensor(-1)
+
+
+def _fa_start(values, max_value, patience):
+    streak = 0
+    for i, v in enumerate(values):
+        bad = (not math.isfinite(v)) or v > max_value
+        streak = streak + 1 if bad else 0
+        if streak == patience:
+            return torch.tensor(i - patience + 1)
+    return torch.tensor(-1)
+
+
+def _fa_cases():
+    nan = float("nan")
+    return [
+        Case(args=([0.01, 0.2, 0.01, 0.2, 0.3, 0.02], 0.1, 2),
+             label="patience 2: the streak at updates 3-4 fires at 4"),
+        Case(args=([0.01, 0.2, 0.3, 0.01, 0.2, 0.01, 0.3], 0.1, 3),
+             label="patience 3: no three violations in a row -> -1"),
+        Case(args=([0.01, 0.02, nan, 0.03], 0.1, 1), label="a NaN is an alert"),
+        Case(args=([0.5, 0.01, 0.5, 0.5, 0.5], 0.1, 1), label="patience 1 fires at the first violation"),
+    ]
+
+
+register(Exercise(
+    name="first_alert_step",
+    chapter=13,
+    reference=_first_alert,
+    cases=_fa_cases,
+    mistakes=[
+        Mistake(_fa_no_reset, "patience counts CONSECUTIVE violations: reset the count when a value is back in range"),
+        Mistake(_fa_nan_ok, "NaN > max is False, so a NaN slips through: a non-finite value must count as a violation"),
+        Mistake(_fa_start, "return the update at which the alert FIRES (the end of the streak), not where the streak began"),
+    ],
+    atol=0.0,
+    description="When does an alert with patience fire?",
+))
+
+
+# -------------------------------------------------------------------- 2. window_drop_share
+
+def _wds(lag_probs, window):
+    r""":math:`\sum_{\ell \ge W} p_\ell` as a 0-dim tensor (``lag_probs[l]`` = P(lag = l))."""
+    if not isinstance(lag_probs, torch.Tensor) or lag_probs.dim() != 1:
+        raise TypeError("window_drop_share: lag_probs must be a 1-D tensor")
+    if not (isinstance(window, int) and window >= 1):
+        raise ValueError(f"window_drop_share: window must be an int >= 1, got {window!r}")
+    return lag_probs[window:].sum()
+
+
+def _wds_off_by_one(lag_probs, window):
+    return lag_probs[window + 1:].sum()
+
+
+def _wds_kept(lag_probs, window):
+    return lag_probs[:window].sum()
+
+
+def _wds_cases():
+    return [
+        Case(args=(torch.full((9,), 1.0 / 9, dtype=F64), 3), label="lags uniform on 0..8, window 3: 6/9 dropped"),
+        Case(args=(torch.tensor([0.0, 0.0, 0.0, 0.0, 1.0], dtype=F64), 4), label="a fixed lag of 4, window 4: all dropped"),
+        Case(args=(torch.tensor([0.0, 0.0, 0.0, 0.0, 1.0], dtype=F64), 5), label="a fixed lag of 4, window 5: none dropped"),
+        Case(args=(torch.tensor([0.5, 0.25, 0.125, 0.125], dtype=F64), 2), label="a geometric-like lag, window 2"),
+    ]
+
+
+register(Exercise(
+    name="window_drop_share",
+    chapter=13,
+    reference=_wds,
+    cases=_wds_cases,
+    mistakes=[
+        Mistake(_wds_off_by_one, "a window of W versions keeps ages 0..W-1: data of age exactly W are dropped too"),
+        Mistake(_wds_kept, "you returned the share KEPT by the window; the question asks for the share dropped"),
+    ],
+    atol=1e-12,
+    description="The share of data a version window drops.",
+))
+
+
+# --------------------------------------------------------------------- 3. staleness_by_age
+
+def _sba(log_rho, ages, max_age):
+    r"""``out[a]`` = mean of ``0.5 * |exp(log_rho) - 1|`` over samples with ``ages == a``; NaN if none."""
+    if not isinstance(log_rho, torch.Tensor) or not log_rho.is_floating_point() or log_rho.dim() != 1:
+        raise TypeError("staleness_by_age: log_rho must be a 1-D floating tensor")
+    if not isinstance(ages, torch.Tensor) or ages.shape != log_rho.shape:
+        raise ValueError("staleness_by_age: ages must be a tensor shaped like log_rho")
+    d = 0.5 * torch.expm1(log_rho).abs()
+    out = torch.full((max_age + 1,), float("nan"), dtype=log_rho.dtype)
+    for a in range(max_age + 1):
+        sel = ages == a
+        if sel.any():
+            out[a] = d[sel].mean()
+    return out
+
+
+def _sba_no_half(log_rho, ages, max_age):
+    return 2 * _sba(log_rho, ages, max_age)
+
+
+def _sba_log(log_rho, ages, max_age):
+    d = 0.5 * log_rho.abs()
+    out = torch.full((max_age + 1,), float("nan"), dtype=log_rho.dtype)
+    for a in range(max_age + 1):
+        sel = ages == a
+        if sel.any():
+            out[a] = d[sel].mean()
+    return out
+
+
+def _sba_total(log_rho, ages, max_age):
+    d = 0.5 * torch.expm1(log_rho).abs()
+    out = torch.full((max_age + 1,), float("nan"), dtype=log_rho.dtype)
+    for a in range(max_age + 1):
+        sel = ages == a
+        if sel.any():
+            out[a] = d[sel].sum() / d.numel()
+    return out
+
+
+def _sba_cases():
+    g = torch.Generator().manual_seed(1303)
+    ages = torch.randint(0, 5, (300,), generator=g)
+    ages[ages == 2] = 3
+    log_rho = 0.15 * ages.to(F64) * torch.randn(300, generator=g, dtype=F64)
+    return [
+        Case(args=(torch.log(torch.tensor([1.0, 1.2, 0.6, 1.0], dtype=F64)), torch.tensor([0, 1, 1, 0]), 1),
+             label="age 0: ratios 1, 1; age 1: ratios 1.2, 0.6 -> (0, 0.15)"),
+        Case(args=(log_rho, ages, 4), label="300 samples, no sample of age 2 (NaN there)"),
+        Case(args=(log_rho, ages, 6), label="max_age beyond the data: NaN for ages 5 and 6"),
+    ]
+
+
+register(Exercise(
+    name="staleness_by_age",
+    chapter=13,
+    reference=_sba,
+    cases=_sba_cases,
+    mistakes=[
+        Mistake(_sba_no_half, "S is HALF the mean absolute ratio deviation (a total-variation distance)"),
+        Mistake(_sba_log, "use the ratio, |rho - 1| = |exp(log_rho) - 1|, not the log-ratio"),
+        Mistake(_sba_total, "average over the samples OF THAT AGE, not over the whole batch"),
+    ],
+    atol=1e-12,
+    description="The staleness of each age group of a batch.",
+))

@@ -1,0 +1,448 @@
+"""Tests for rlkit.staleness (and the stale trainers built on it) against independent computations:
+hand-worked cases, closed forms, exact TV distances of categorical distributions and slow loops."""
+import math
+
+import pytest
+import torch
+
+from rlkit.staleness import (METRICS, Alert, Checkpoint, LagDistribution, Monitor, PolicyArchive,
+                             StaleTrainingConfig, Threshold, VersionedBuffer, age_clip_radius,
+                             effective_sample_size, geppo_clip_radius, mean_by_age, staleness,
+                             staleness_filter, update_shift, version_window)
+
+torch.set_num_threads(1)
+D64 = torch.float64
+
+
+def log(x):
+    return torch.log(torch.tensor(x, dtype=D64))
+
+
+# ----------------------------------------------------------------------------------------------
+# estimators vs exact TV between categorical distributions (Lemma 5.1)
+# ----------------------------------------------------------------------------------------------
+
+def tv_loop(p, q):
+    return 0.5 * sum(abs(a - b) for a, b in zip(p, q))
+
+
+def test_estimators_exact_on_a_stratified_sample():
+    # mu = (1/2, 1/4, 1/4): the "sample" [0, 0, 1, 2] has exactly the behaviour frequencies, so the
+    # sample mean IS the expectation and Lemma 5.1 must give the TV exactly
+    mu, pk, pnew = [0.5, 0.25, 0.25], [0.2, 0.5, 0.3], [0.1, 0.6, 0.3]
+    a = torch.tensor([0, 0, 1, 2])
+    lb, lk, ln = log(mu)[a], log(pk)[a], log(pnew)[a]
+    assert update_shift(ln, lk, lb).item() == pytest.approx(tv_loop(pnew, pk), abs=1e-12)
+    assert staleness(lk, lb).item() == pytest.approx(tv_loop(pk, mu), abs=1e-12)
+    assert tv_loop(pnew, pk) == pytest.approx(0.1)
+    assert tv_loop(pk, mu) == pytest.approx(0.3)
+
+
+def test_estimators_converge_to_exact_tv_with_random_samples():
+    g = torch.Generator().manual_seed(0)
+    mu = torch.softmax(torch.randn(6, generator=g, dtype=D64), 0)
+    pk = torch.softmax(torch.randn(6, generator=g, dtype=D64), 0)
+    pn = torch.softmax(torch.log(pk) + 0.3 * torch.randn(6, generator=g, dtype=D64), 0)
+    n = 200_000
+    a = torch.multinomial(mu, n, replacement=True, generator=g)
+    lb, lk, ln = mu.log()[a], pk.log()[a], pn.log()[a]
+    u, s = update_shift(ln, lk, lb).item(), staleness(lk, lb).item()
+    # standard errors from the per-sample terms (independent of the estimator's code)
+    du = 0.5 * (pn[a] / mu[a] - pk[a] / mu[a]).abs()
+    ds = 0.5 * (pk[a] / mu[a] - 1).abs()
+    assert abs(u - tv_loop(pn.tolist(), pk.tolist())) < 5 * du.std().item() / math.sqrt(n)
+    assert abs(s - tv_loop(pk.tolist(), mu.tolist())) < 5 * ds.std().item() / math.sqrt(n)
+
+
+def test_estimators_masked_mean_and_zero_on_policy():
+    lb = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.1, 0.0]])
+    lk = torch.tensor([[-0.5, -2.0, 5.0], [-0.5, -0.1, 9.0]])
+    m = torch.tensor([[1, 1, 0], [1, 1, 0]])
+    # by hand: rows' kept terms 0.5*|e^{0.5}-1|, 0, 0, 0 -> mean over 4 kept entries
+    want = 0.5 * (math.exp(0.5) - 1) / 4
+    assert staleness(lk, lb, m).item() == pytest.approx(want, rel=1e-6)
+    assert staleness(lb, lb).item() == 0.0
+    assert update_shift(lk, lk, lb, m).item() == 0.0
+    assert math.isnan(staleness(lk, lb, torch.zeros_like(m)).item())
+
+
+def test_incremental_ratio_is_not_the_update_shift():
+    # |rho_{k+1} - rho_k| = rho_k |r - 1|: with rho_k = 4 the incremental ratio alone is 4x too small
+    lb, lk = log([0.1]), log([0.4])
+    ln = lk + math.log(1.1)
+    assert update_shift(ln, lk, lb).item() == pytest.approx(0.5 * 4 * 0.1, rel=1e-9)
+
+
+@pytest.mark.parametrize("big", [50.0, -50.0, 80.0])
+def test_extreme_log_ratios_are_finite(big):
+    lb = torch.tensor([0.0, -1.0])
+    lk = torch.tensor([big, -1.0])
+    ln = torch.tensor([big + 0.1, -1.0])
+    for x in (update_shift(ln, lk, lb), staleness(lk, lb), effective_sample_size(lk - lb)):
+        assert torch.isfinite(x)
+    keep = staleness_filter(lk, lb, 0.2)
+    assert keep.tolist() == [False, True]
+
+
+def test_estimator_input_checks():
+    a = torch.zeros(3)
+    with pytest.raises(ValueError, match="shape"):
+        staleness(a, torch.zeros(4))
+    with pytest.raises(TypeError, match="floating"):
+        staleness(torch.zeros(3, dtype=torch.long), a)
+    with pytest.raises(ValueError, match="mask"):
+        update_shift(a, a, a, torch.ones(2))
+    with pytest.raises(ValueError, match="0 and 1"):
+        staleness(a, a, torch.tensor([0.0, 0.5, 1.0]))
+
+
+# ----------------------------------------------------------------------------------------------
+# ESS, mean by age
+# ----------------------------------------------------------------------------------------------
+
+def test_effective_sample_size_closed_forms():
+    assert effective_sample_size(torch.zeros(10)).item() == pytest.approx(1.0)
+    # w = (1, 3): (1 + 3)^2 / (2 * (1 + 9)) = 0.8
+    assert effective_sample_size(torch.log(torch.tensor([1.0, 3.0]))).item() == pytest.approx(0.8, rel=1e-6)
+    one_big = torch.tensor([80.0, 0.0, 0.0, 0.0])
+    assert effective_sample_size(one_big).item() == pytest.approx(0.25, rel=1e-6)
+    m = torch.tensor([True, False, True])
+    assert effective_sample_size(torch.tensor([0.0, 50.0, 0.0]), m).item() == pytest.approx(1.0)
+
+
+def test_mean_by_age_matches_loop():
+    g = torch.Generator().manual_seed(1)
+    vals = torch.rand(20, 4, generator=g, dtype=D64)
+    mask = torch.rand(20, 4, generator=g) < 0.7
+    ages = torch.randint(0, 5, (20,), generator=g)
+    ages[ages == 3] = 4                          # age 3 absent -> NaN
+    got = mean_by_age(vals, ages, mask, max_age=5)
+    for a in range(6):
+        xs = [vals[i, t].item() for i in range(20) for t in range(4) if ages[i] == a and mask[i, t]]
+        if xs:
+            assert got[a].item() == pytest.approx(sum(xs) / len(xs), rel=1e-12)
+        else:
+            assert math.isnan(got[a].item())
+
+
+# ----------------------------------------------------------------------------------------------
+# filter, window, clip radii
+# ----------------------------------------------------------------------------------------------
+
+def test_staleness_filter_token_level_by_hand():
+    lb = torch.zeros(5, dtype=D64)
+    rho = torch.tensor([1.0, 1.25, 0.75, 1.35, 0.6], dtype=D64)
+    keep = staleness_filter(rho.log(), lb, 0.3)
+    assert keep.tolist() == [True, True, True, False, False]
+
+
+def test_staleness_filter_sequence_levels_match_loops():
+    g = torch.Generator().manual_seed(2)
+    lk = 0.2 * torch.randn(6, 5, generator=g, dtype=D64)
+    lb = torch.zeros_like(lk)
+    mask = torch.ones(6, 5, dtype=torch.bool)
+    mask[0, 3:] = False
+    mask[4, 1:] = False
+    for level in ("sequence", "sequence-mean"):
+        keep = staleness_filter(lk, lb, 0.25, mask, level=level)
+        for i in range(6):
+            terms = [lk[i, t].item() for t in range(5) if mask[i, t]]
+            s = sum(terms) / (len(terms) if level == "sequence-mean" else 1)
+            ok = abs(math.exp(s) - 1) <= 0.25
+            assert keep[i].tolist() == [ok and bool(mask[i, t]) for t in range(5)], (level, i)
+
+
+def test_staleness_filter_bounds_kept_staleness():
+    g = torch.Generator().manual_seed(3)
+    lk, lb = torch.randn(1000, generator=g), torch.randn(1000, generator=g)
+    keep = staleness_filter(lk, lb, 0.4)
+    assert 0 < keep.sum() < 1000
+    assert staleness(lk, lb, keep).item() <= 0.2 + 1e-7
+
+
+def test_staleness_filter_checks():
+    x = torch.zeros(3)
+    with pytest.raises(ValueError, match="eps_stale"):
+        staleness_filter(x, x, 0.0)
+    with pytest.raises(ValueError, match="level"):
+        staleness_filter(x, x, 0.1, level="batch")
+
+
+def test_version_window():
+    v = torch.tensor([10, 9, 8, 7, 3])
+    assert version_window(v, 10, 1).tolist() == [True, False, False, False, False]
+    assert version_window(v, 10, 3).tolist() == [True, True, True, False, False]
+    with pytest.raises(ValueError, match="future"):
+        version_window(v, 9, 3)
+    with pytest.raises(ValueError, match="window"):
+        version_window(v, 10, 0)
+    with pytest.raises(TypeError):
+        version_window(v.float(), 10, 2)
+
+
+def test_clip_radii_closed_forms():
+    for M in (1, 2, 5, 9):
+        assert geppo_clip_radius(0.2, [1.0 / M] * M) == pytest.approx(2 * 0.2 / (M + 1))
+    assert geppo_clip_radius(0.2, [0, 0, 0, 1.0]) == pytest.approx(0.05)     # all data 3 versions old
+    r = age_clip_radius(0.3, torch.tensor([0, 1, 2, 5]))
+    assert r.tolist() == pytest.approx([0.3, 0.15, 0.1, 0.05])
+    with pytest.raises(ValueError, match="sum to 1"):
+        geppo_clip_radius(0.2, [0.5, 0.4])
+    with pytest.raises(ValueError, match="ages"):
+        age_clip_radius(0.2, torch.tensor([-1]))
+
+
+# ----------------------------------------------------------------------------------------------
+# lag distribution, archive, buffer
+# ----------------------------------------------------------------------------------------------
+
+def test_lag_distribution():
+    f = LagDistribution.fixed(4)
+    assert (f.min, f.max, f.mean) == (4, 4, 4.0)
+    assert f.sample(5).tolist() == [4] * 5
+    u = LagDistribution.uniform(8)
+    assert u.probs == pytest.approx([1 / 9] * 9) and u.mean == pytest.approx(4.0)
+    assert u.share_at_least(3) == pytest.approx(6 / 9)
+    geo = LagDistribution.geometric(1.0, 3)               # q = 1/2: (8, 4, 2, 1) / 15
+    assert geo.probs == pytest.approx([8 / 15, 4 / 15, 2 / 15, 1 / 15])
+    counts = torch.bincount(u.sample(90_000, torch.Generator().manual_seed(0)), minlength=9).double() / 90_000
+    assert (counts - 1 / 9).abs().max() < 0.01
+    assert LagDistribution((0.0, 0.5, 0.5, 0.0)).max == 2
+    with pytest.raises(ValueError, match="sum to 1"):
+        LagDistribution((0.5, 0.2))
+    with pytest.raises(ValueError, match=r"probs\[1\]"):
+        LagDistribution((1.5, -0.5))
+    with pytest.raises(ValueError, match="min_lag"):
+        LagDistribution.uniform(2, 3)
+
+
+def test_policy_archive():
+    net = torch.nn.Linear(2, 2)
+    arc = PolicyArchive(capacity=3)
+    for v in range(5):
+        with torch.no_grad():
+            net.weight.fill_(float(v))
+        arc.push(v, net)
+    assert arc.versions == [2, 3, 4] and arc.latest == 4
+    assert arc.get(3).weight[0, 0].item() == 3.0          # a copy, not the live module
+    assert arc.behaviour_versions(4, torch.tensor([0, 1, 5])).tolist() == [4, 3, 2]
+    with pytest.raises(KeyError):
+        arc.get(1)
+    with pytest.raises(ValueError, match="increase"):
+        arc.push(4, net)
+
+
+def test_versioned_buffer_window_and_capacity():
+    buf = VersionedBuffer()
+    for v in range(4):
+        buf.put(v, torch.full((2,), -float(v)), x=torch.full((2, 3), float(v)))
+    out = buf.take(current=3, window=2, consume=False)
+    assert out["version"].tolist() == [2, 2, 3, 3] and out["age"].tolist() == [1, 1, 0, 0]
+    assert out["logp_behav"].tolist() == [-2, -2, -3, -3] and out["x"][:, 0].tolist() == [2, 2, 3, 3]
+    assert len(buf) == 4                                   # versions 0, 1 left the window for good
+    buf.take(current=3)
+    assert len(buf) == 0
+    cap = VersionedBuffer(capacity=3)
+    cap.put(torch.tensor([0, 0]), torch.zeros(2), x=torch.zeros(2))
+    cap.put(torch.tensor([1, 1]), torch.zeros(2), x=torch.ones(2))
+    assert cap.versions().tolist() == [0, 1, 1]
+    with pytest.raises(ValueError, match="same fields"):
+        cap.put(2, torch.zeros(1), y=torch.zeros(1))
+    with pytest.raises(ValueError, match="leading dimension"):
+        cap.put(2, torch.zeros(2), x=torch.zeros(3))
+    with pytest.raises(ValueError, match="newer"):
+        cap.take(current=0)
+
+
+# ----------------------------------------------------------------------------------------------
+# monitor, checkpoint
+# ----------------------------------------------------------------------------------------------
+
+def test_monitor_patience_nan_and_replay():
+    mon = Monitor([Threshold("staleness", max=0.1, patience=2), Threshold("ess", min=0.5)])
+    trace = {"staleness": [0.05, 0.2, 0.05, 0.2, 0.3, 0.4, 0.05], "ess": [0.9, 0.9, 0.4, 0.9, 0.9, float("nan"), 0.9]}
+    fired = [mon.update(i, staleness=trace["staleness"][i], ess=trace["ess"][i]) for i in range(7)]
+    got = [(a.step, a.metric) for f in fired for a in f]
+    assert got == [(2, "ess"), (4, "staleness"), (5, "ess")]
+    assert mon.ok
+    assert [(a.step, a.metric) for a in Monitor.replay(trace, mon.thresholds)] == got
+    assert "not finite" in str(mon.alerts[-1]) and "> max 0.1" in mon.alerts[1].message
+    assert mon.history["ess"][2] == 0.4
+    # patience 2: fires again every 2 violating updates while the streak lasts
+    again = Monitor.replay({"kl": [1.0] * 5}, [Threshold("kl", max=0.5, patience=2)])
+    assert [a.step for a in again] == [1, 3]
+
+
+def test_threshold_checks():
+    with pytest.raises(ValueError, match="metric"):
+        Threshold("udpate_shift", max=0.1)
+    with pytest.raises(ValueError, match="min"):
+        Threshold("kl", max=0.1, min=0.2)
+    with pytest.raises(ValueError, match="give max, min"):
+        Threshold("kl")
+    assert set(METRICS) >= {"update_shift", "staleness", "clip_fraction", "kl", "entropy", "ess"}
+
+
+def test_checkpoint_restores_weights_and_optimizer():
+    net = torch.nn.Linear(3, 1)
+    opt = torch.optim.Adam(net.parameters(), lr=0.1)
+    net(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    ck = Checkpoint()
+    ck.save(7, net, opt)
+    w = net.weight.detach().clone()
+    state = opt.state_dict()["state"][0]["exp_avg"].clone()
+    for _ in range(3):
+        opt.zero_grad()
+        net(torch.ones(1, 3)).sum().backward()
+        opt.step()
+    assert not torch.equal(net.weight, w)
+    assert ck.restore(net, opt) == 7
+    assert torch.equal(net.weight, w) and torch.equal(opt.state_dict()["state"][0]["exp_avg"], state)
+    with pytest.raises(RuntimeError):
+        Checkpoint().restore(net)
+
+
+# ----------------------------------------------------------------------------------------------
+# the validated config
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(method="incremental"), "method"),
+    (dict(clip_eps=1.2), "clip_eps"),
+    (dict(clip_eps=0), "clip_eps"),
+    (dict(lag=-1), "lag"),
+    (dict(lag="4"), "lag"),
+    (dict(eps_stale=0.0), "eps_stale"),
+    (dict(eps_stale=-0.1), "eps_stale"),
+    (dict(version_window=0), "version_window"),
+    (dict(lag=4, version_window=4), "version_window"),
+    (dict(lag=LagDistribution.uniform(8, min_lag=2), version_window=2), "version_window"),
+    (dict(method="adaptive", behav_clip=2.0), "behav_clip"),
+    (dict(on_alert="rollback"), "on_alert"),
+    (dict(on_alert="page-someone", thresholds=(Threshold("kl", max=0.1),)), "on_alert"),
+    (dict(thresholds=(Threshold("kl", max=0.1), Threshold("kl", min=0.0))), "thresholds"),
+    (dict(thresholds=({"kl": 0.1},)), "thresholds"),
+    (dict(rollback_lr_factor=0.0), "rollback_lr_factor"),
+    (dict(checkpoint_every=0), "checkpoint_every"),
+    (dict(filter_level="word"), "filter_level"),
+    (dict(clip_schedule="linear"), "clip_schedule"),
+])
+def test_config_errors_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=rf"StaleTrainingConfig\.{field}"):
+        StaleTrainingConfig(**kwargs)
+
+
+def test_config_accepts_and_derives():
+    c = StaleTrainingConfig(method="decoupled", lag=LagDistribution.uniform(8), version_window=3, eps_stale=0.3,
+                            behav_clip=2.0, thresholds=(Threshold("kl", max=0.05),), on_alert="rollback")
+    assert c.expected_drop_share == pytest.approx(6 / 9)
+    # GePPO radius over the ages the window keeps (0, 1, 2 uniformly): 0.2 / 2
+    c2 = StaleTrainingConfig(lag=LagDistribution.uniform(8), version_window=3, clip_schedule="geppo")
+    assert c2.clip_radius() == pytest.approx(0.1)
+    c3 = StaleTrainingConfig(lag=4)
+    assert isinstance(c3.lag, LagDistribution) and c3.lag.max == 4 and c3.clip_radius() == 0.2
+    assert StaleTrainingConfig(clip_schedule="age").clip_radius(torch.tensor([1])).tolist() == pytest.approx([0.1])
+    assert c.to_dict()["lag"].startswith("LagDistribution")
+
+
+# ----------------------------------------------------------------------------------------------
+# per-sample clip radii in the trainers' losses: reference loops
+# ----------------------------------------------------------------------------------------------
+
+def _ref_token_loss(method, logp, lprox, lb, adv, eps, m):
+    tot, cnt = 0.0, 0
+    for i in range(len(logp)):
+        if not m[i]:
+            continue
+        e = eps[i]
+        rho, rk = math.exp(logp[i] - lb[i]), math.exp(lprox[i] - lb[i])
+        if method == "standard":
+            v = -min(rho * adv[i], min(max(rho, 1 - e), 1 + e) * adv[i])
+        elif method == "adaptive":
+            v = -min(rho * adv[i], min(max(rho, rk - e), rk + e) * adv[i])
+        else:
+            r = math.exp(logp[i] - lprox[i])
+            v = -rk * min(r * adv[i], min(max(r, 1 - e), 1 + e) * adv[i])
+        tot += v
+        cnt += 1
+    return tot / cnt
+
+
+@pytest.mark.parametrize("method", ["standard", "adaptive", "decoupled"])
+def test_per_sample_radius_losses_match_loops(method):
+    from rlkit.algos.stale_ppo import stale_policy_loss
+    from rlkit.llm.stale import stale_token_loss
+    g = torch.Generator().manual_seed(4)
+    n = 40
+    lb = torch.randn(n, generator=g, dtype=D64)
+    lprox = lb + 0.4 * torch.randn(n, generator=g, dtype=D64)
+    logp = lprox + 0.3 * torch.randn(n, generator=g, dtype=D64)
+    adv = torch.randn(n, generator=g, dtype=D64)
+    ages = torch.randint(0, 4, (n,), generator=g)
+    eps = age_clip_radius(0.3, ages).to(D64)
+    loss, _ = stale_policy_loss(method, logp, lprox, lb, adv, eps)
+    want = _ref_token_loss(method, logp.tolist(), lprox.tolist(), lb.tolist(), adv.tolist(), eps.tolist(), [1] * n)
+    assert loss.item() == pytest.approx(want, rel=1e-10)
+    # LLM layout: 8 responses x 5 tokens, one radius per response, token-mean aggregation
+    B, T = 8, 5
+    mask = (torch.rand(B, T, generator=g) < 0.8).to(D64)
+    mask[:, 0] = 1
+    eps_r = age_clip_radius(0.3, torch.randint(0, 4, (B,), generator=g)).to(D64)
+    loss2, _ = stale_token_loss(method, logp[:B * T].view(B, T), lprox[:B * T].view(B, T), lb[:B * T].view(B, T),
+                                adv[:B * T].view(B, T), mask, eps_r, "token-mean")
+    want2 = _ref_token_loss(method, logp[:B * T].tolist(), lprox[:B * T].tolist(), lb[:B * T].tolist(),
+                            adv[:B * T].tolist(), eps_r.repeat_interleave(T).tolist(), mask.flatten().tolist())
+    assert loss2.item() == pytest.approx(want2, rel=1e-10)
+
+
+# ----------------------------------------------------------------------------------------------
+# the trainers: short runs
+# ----------------------------------------------------------------------------------------------
+
+def _short_ppo(**cfg):
+    from rlkit.algos.stale_ppo import train_stale_ppo
+    return train_stale_ppo(total_steps=4 * 64, num_envs=4, num_steps=16, epochs=2, progress=False,
+                           config=StaleTrainingConfig(**cfg))
+
+
+def test_stale_ppo_lag0_methods_identical_and_lemma51():
+    runs = [_short_ppo(method=m, lag=0)[1] for m in ("standard", "adaptive", "decoupled")]
+    for h in runs[1:]:
+        assert h["loss"] == runs[0]["loss"] and h.episode_returns == runs[0].episode_returns
+    _, h = _short_ppo(method="adaptive", lag=2)
+    assert h["mean_age"][0] == 0.0 and h["mean_age"][-1] == 2.0        # lags clamp early in training
+    assert h["staleness"][0] == 0.0 and h["staleness"][-1] > 0
+    for a, b in zip(h["update_shift"], h["update_shift_tv"]):        # same order of magnitude
+        assert 0.2 < a / b < 5
+    assert set(h.stats) >= {"update_shift", "staleness", "staleness_tv", "drop_share", "ess", "clip_fraction", "kl"}
+
+
+def test_stale_ppo_rollback_fires_and_restores():
+    _, h = _short_ppo(method="adaptive", lag=1, thresholds=(Threshold("kl", max=1e-9),), on_alert="rollback",
+                      max_rollbacks=2, rollback_lr_factor=0.5)
+    assert len(h.rollbacks) == 2 and h.rollbacks[0] == (0, 0)
+    assert h["lr"][1] < h["lr"][0]
+    assert len(h.alerts) == 3 and isinstance(h.alerts[0], Alert)          # the third alert stops the run
+    assert len(h.steps) == 3
+
+
+def test_stale_grpo_short_run():
+    from rlkit.llm import ADDITION, RLConfig, load_pretrained
+    from rlkit.llm.stale import train_stale_grpo
+    out = []
+    for method in ("standard", "decoupled"):
+        model, tok = load_pretrained()
+        r = train_stale_grpo(model, tok, ADDITION, RLConfig(steps=2, prompts_per_step=4, group_size=4,
+                                                            eval_every=2, eval_problems=16),
+                             StaleTrainingConfig(method=method, lag=0))
+        out.append(r)
+    assert out[0].history["loss"] == out[1].history["loss"]
+    model, tok = load_pretrained()
+    r = train_stale_grpo(model, tok, ADDITION, RLConfig(steps=3, prompts_per_step=4, group_size=4, eval_every=3,
+                                                        eval_problems=16),
+                         StaleTrainingConfig(method="adaptive", lag=1, eps_stale=0.5))
+    assert r.history["mean_age"] == [0.0, 1.0, 1.0] and r.history["staleness"][0] == 0.0
+    assert r.evals["step"] == [0, 3]
+    with pytest.raises(ValueError, match="algo"):
+        train_stale_grpo(model, tok, ADDITION, RLConfig(algo="ppo"))
