@@ -109,7 +109,8 @@ def kl_categorical(logits_p: Tensor, logits_q: Tensor) -> Tensor:
     lp, lq = _logit_pair(logits_p, logits_q)
     p = lp.exp()
     diff = torch.where(p > 0, lp - lq, torch.zeros((), dtype=lp.dtype, device=lp.device))
-    return (p * diff).sum(-1)
+    # KL >= 0 (Gibbs); rounding can leave about -1e-9 when p and q nearly agree
+    return (p * diff).sum(-1).clamp_min(0.0)
 
 
 def tv_categorical(logits_p: Tensor, logits_q: Tensor) -> Tensor:

@@ -1,0 +1,264 @@
+"""Rollouts on gymnasium 1.x vector environments, with autoreset handled correctly (Part I).
+
+The pitfall
+-----------
+gymnasium >= 1.0 vector environments reset a finished sub-environment on the *next* call to
+``step`` by default (``AutoresetMode.NEXT_STEP``): that step ignores the action, returns the first
+observation of the new episode and reward 0, and ``infos`` no longer carries the final observation.
+A training loop written for gym 0.2x silently learns from those dummy transitions, and it cannot
+bootstrap V(s_final) on a time-limit truncation because s_final is gone.
+
+The choice made here
+--------------------
+Every vector environment is built with ``autoreset_mode=AutoresetMode.SAME_STEP``.  Then a step that
+ends an episode returns the *reset* observation of the next episode as ``obs`` and puts the real last
+observation in ``infos["final_obs"][i]`` (with ``infos["_final_obs"][i] = True``).  No transition is a
+dummy, and we keep the true successor state of every step:
+
+    next_obs[i, t] = infos["final_obs"][i]   if the episode of env i ended at step t,
+                   = obs returned by step t   otherwise.
+
+so ``next_values[..., t] = V(next_obs[..., t])`` is V(final observation) at truncations (which the
+advantage estimator needs, since a time limit is not a terminal state) and the ordinary V(s_{t+1})
+elsewhere.  At a termination the value is multiplied by ``discounts = gamma * (1 - terminated) = 0``
+(see :func:`rlkit.returns.from_gymnasium`), and at any episode end the lambda-trace is cut, so the
+episode boundary inside a row of the batch never leaks credit across episodes.
+
+Shapes follow the library convention, time LAST: per-step tensors are ``[num_envs, T]``,
+observations ``[num_envs, T, obs_dim]``.
+
+* :func:`make_vec_env` - a ``SyncVectorEnv`` with SAME_STEP autoreset, from an id or a constructor.
+* :class:`Batch` - the tensors of one rollout.
+* :class:`RolloutCollector` - steps a vector env with a policy, keeps the per-env episode
+  bookkeeping across calls, and logs completed episodes (return, length, env step at which they
+  finished).  ``collect(act_fn, T, value_fn)`` gives fixed-length rollouts that continue across
+  updates (A2C, PPO, TRPO); ``collect_episodes(act_fn)`` gives one complete episode per env starting
+  from a reset (REINFORCE), with a ``mask`` of the real steps.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Callable
+
+import numpy as np
+import torch
+
+import gymnasium as gym
+from gymnasium.vector import AutoresetMode
+
+__all__ = ["make_vec_env", "Batch", "RolloutCollector", "EpisodeLog"]
+
+
+def make_vec_env(env: str | Callable[[], gym.Env], num_envs: int = 8, **make_kwargs) -> gym.vector.SyncVectorEnv:
+    """Build a ``SyncVectorEnv`` of ``num_envs`` copies with ``AutoresetMode.SAME_STEP`` autoreset.
+
+    ``env`` is a registered id such as ``"CartPole-v1"`` (``make_kwargs`` go to ``gymnasium.make``)
+    or a zero-argument constructor returning a ``gymnasium.Env``.  Synchronous (in-process)
+    stepping: for the tiny environments of the book a subprocess per env costs more than it saves.
+    Seed it through the first ``reset(seed=...)`` (``RolloutCollector`` does that).
+    """
+    if not (isinstance(num_envs, int) and num_envs >= 1):
+        raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")
+    if isinstance(env, str):
+        fns = [lambda: gym.make(env, **make_kwargs) for _ in range(num_envs)]
+    elif callable(env):
+        if make_kwargs:
+            raise ValueError("make_kwargs are only used when env is an id string")
+        fns = [env] * num_envs
+    else:
+        raise TypeError(f"env must be a gymnasium id (str) or a callable returning a gymnasium.Env, "
+                        f"got {type(env).__name__}")
+    return gym.vector.SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)
+
+
+@dataclass
+class Batch:
+    """One rollout.  ``N`` envs, ``T`` steps, time last.
+
+    obs          [N, T, obs_dim]  s_t
+    actions      [N, T]           a_t (int64)
+    logp         [N, T]           log pi_old(a_t | s_t) of the policy that acted
+    rewards      [N, T]           r_t
+    terminated   [N, T] bool      s_{t+1} is terminal (its value is 0)
+    truncated    [N, T] bool      the episode was cut by a time limit after this step
+    next_obs     [N, T, obs_dim]  the true s_{t+1} (``infos["final_obs"]`` at episode ends)
+    mask         [N, T] bool      real steps (all True for fixed-length rollouts; in
+                                  ``collect_episodes`` the steps after an env's episode ended are False)
+    values       [N, T] or None   V(s_t)        (if a ``value_fn`` was given)
+    next_values  [N, T] or None   V(next_obs_t) (V(final obs) at episode ends)
+    """
+    obs: torch.Tensor
+    actions: torch.Tensor
+    logp: torch.Tensor
+    rewards: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    next_obs: torch.Tensor
+    mask: torch.Tensor
+    values: torch.Tensor | None = None
+    next_values: torch.Tensor | None = None
+
+    @property
+    def dones(self) -> torch.Tensor:
+        """terminated | truncated: an episode ended at this step."""
+        return self.terminated | self.truncated
+
+    def to(self, device) -> "Batch":
+        return Batch(**{f.name: (None if getattr(self, f.name) is None else getattr(self, f.name).to(device))
+                        for f in fields(self)})
+
+
+@dataclass
+class EpisodeLog:
+    """Completed episodes in the order they finished: the env step count when each ended, its
+    undiscounted return and its length."""
+    steps: list[int] = field(default_factory=list)
+    returns: list[float] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+
+
+class RolloutCollector:
+    """Steps a SAME_STEP-autoreset vector env with a policy and logs completed episodes.
+
+    Parameters
+    ----------
+    envs : gymnasium.vector.VectorEnv built with ``AutoresetMode.SAME_STEP`` (see :func:`make_vec_env`).
+    seed : passed to the first ``envs.reset(seed=seed)`` (env i gets ``seed + i``).
+    device : where the returned tensors live (the policy's device).
+
+    ``env_steps`` counts transitions handed to the learner (``N * T`` per ``collect``; the masked
+    filler steps of ``collect_episodes`` are not counted).  ``episodes`` is an :class:`EpisodeLog`.
+    """
+
+    def __init__(self, envs: gym.vector.VectorEnv, seed: int | None = None, device: str | torch.device = "cpu"):
+        if not isinstance(envs, gym.vector.VectorEnv):
+            raise TypeError(f"envs must be a gymnasium.vector.VectorEnv, got {type(envs).__name__}")
+        mode = envs.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
+        if mode != AutoresetMode.SAME_STEP:
+            raise ValueError(f"envs must use autoreset_mode=AutoresetMode.SAME_STEP (got {mode}); "
+                             "build them with rlkit.rollout.make_vec_env")
+        self.envs, self.device = envs, torch.device(device)
+        self.num_envs = envs.num_envs
+        obs, _ = envs.reset(seed=seed)
+        self.obs = self._t(obs)
+        self.ep_return = np.zeros(self.num_envs)
+        self.ep_length = np.zeros(self.num_envs, dtype=np.int64)
+        self.env_steps = 0
+        self.episodes = EpisodeLog()
+
+    def _t(self, x) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(x), dtype=torch.float32, device=self.device)
+
+    def _step(self, actions: torch.Tensor):
+        """One vector step. Returns (obs_after, true_next_obs, reward, terminated, truncated) as numpy."""
+        a = actions.detach().cpu().numpy()
+        obs, reward, term, trunc, infos = self.envs.step(a)
+        next_obs = np.array(obs, dtype=np.float32, copy=True)
+        done = np.logical_or(term, trunc)
+        if done.any():
+            has_final = infos.get("_final_obs", np.zeros(self.num_envs, dtype=bool))
+            if not np.array_equal(np.asarray(has_final, dtype=bool), done):
+                raise RuntimeError("infos['final_obs'] missing for a finished env: is the vector env SAME_STEP?")
+            for i in np.flatnonzero(done):
+                next_obs[i] = infos["final_obs"][i]
+        return obs, next_obs, np.asarray(reward, dtype=np.float64), np.asarray(term, bool), np.asarray(trunc, bool)
+
+    def _log(self, reward, done, live=None):
+        """Episode bookkeeping for one vector step; ``live`` marks envs whose step counts."""
+        live = np.ones(self.num_envs, dtype=bool) if live is None else live
+        self.ep_return += reward * live
+        self.ep_length += live
+        self.env_steps += int(live.sum())
+        for i in np.flatnonzero(done & live):
+            self.episodes.steps.append(self.env_steps)
+            self.episodes.returns.append(float(self.ep_return[i]))
+            self.episodes.lengths.append(int(self.ep_length[i]))
+        self.ep_return[done] = 0.0
+        self.ep_length[done] = 0
+
+    def collect(self, act_fn: Callable, num_steps: int,
+                value_fn: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Batch:
+        """Run ``num_steps`` vector steps, continuing from where the previous call stopped.
+
+        ``act_fn(obs [N, obs_dim]) -> (actions [N], logp [N])`` (extra returned items are ignored);
+        it is called under ``torch.no_grad()``.  If ``value_fn(obs [..., obs_dim]) -> [...]`` is
+        given, ``values = V(obs)`` and ``next_values = V(next_obs)`` are filled in two batched calls
+        after the loop (``next_obs`` holds the final observation at episode ends).
+        """
+        if not (isinstance(num_steps, int) and num_steps >= 1):
+            raise ValueError(f"num_steps must be a positive int, got {num_steps!r}")
+        N, T = self.num_envs, num_steps
+        obs_l, act_l, logp_l, next_l, rew_l, term_l, trunc_l = [], [], [], [], [], [], []
+        with torch.no_grad():
+            for _ in range(T):
+                out = act_fn(self.obs)
+                actions, logp = out[0], out[1]
+                obs, next_obs, reward, term, trunc = self._step(actions)
+                self._log(reward, term | trunc)
+                obs_l.append(self.obs); act_l.append(actions); logp_l.append(logp)
+                next_l.append(next_obs); rew_l.append(reward); term_l.append(term); trunc_l.append(trunc)
+                self.obs = self._t(obs)
+        dev = self.device
+        batch = Batch(
+            obs=torch.stack(obs_l, 1),
+            actions=torch.stack(act_l, 1).to(dev).long(),
+            logp=torch.stack(logp_l, 1).to(dev).float(),
+            rewards=torch.as_tensor(np.stack(rew_l, 1), dtype=torch.float32, device=dev),
+            terminated=torch.as_tensor(np.stack(term_l, 1), device=dev),
+            truncated=torch.as_tensor(np.stack(trunc_l, 1), device=dev),
+            next_obs=self._t(np.stack(next_l, 1)),
+            mask=torch.ones(N, T, dtype=torch.bool, device=dev),
+        )
+        if value_fn is not None:
+            with torch.no_grad():
+                batch.values = value_fn(batch.obs)
+                batch.next_values = value_fn(batch.next_obs)
+        return batch
+
+    def collect_episodes(self, act_fn: Callable, max_steps: int = 100_000,
+                         value_fn: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Batch:
+        """Reset every env and run until each has finished ONE episode (Monte Carlo, REINFORCE).
+
+        Returns a :class:`Batch` padded to the longest episode: ``mask[i, t]`` is True for the steps
+        of env i's episode and False after it ended (those filler steps come from the autoreset
+        episode, are never learned from and are not counted in ``env_steps``).  Every row ends with
+        ``terminated`` or ``truncated`` at its last real step, so discounted returns computed with
+        ``discounts = gamma * (1 - terminated)`` and zero bootstrap are exact Monte Carlo returns
+        (a time-limit truncation is treated as the end of the sample, the usual REINFORCE choice).
+        """
+        N = self.num_envs
+        obs, _ = self.envs.reset()
+        self.obs = self._t(obs)
+        self.ep_return[:] = 0.0
+        self.ep_length[:] = 0
+        live = np.ones(N, dtype=bool)
+        obs_l, act_l, logp_l, next_l, rew_l, term_l, trunc_l, mask_l = [], [], [], [], [], [], [], []
+        with torch.no_grad():
+            while live.any():
+                if len(obs_l) >= max_steps:
+                    raise RuntimeError(f"an episode did not end within max_steps={max_steps}")
+                out = act_fn(self.obs)
+                actions, logp = out[0], out[1]
+                obs, next_obs, reward, term, trunc = self._step(actions)
+                self._log(reward, term | trunc, live)
+                obs_l.append(self.obs); act_l.append(actions); logp_l.append(logp); mask_l.append(live.copy())
+                next_l.append(next_obs); rew_l.append(reward * live); term_l.append(term & live)
+                trunc_l.append(trunc & live)
+                live = live & ~(term | trunc)
+                self.obs = self._t(obs)
+        dev = self.device
+        batch = Batch(
+            obs=torch.stack(obs_l, 1),
+            actions=torch.stack(act_l, 1).to(dev).long(),
+            logp=torch.stack(logp_l, 1).to(dev).float(),
+            rewards=torch.as_tensor(np.stack(rew_l, 1), dtype=torch.float32, device=dev),
+            terminated=torch.as_tensor(np.stack(term_l, 1), device=dev),
+            truncated=torch.as_tensor(np.stack(trunc_l, 1), device=dev),
+            next_obs=self._t(np.stack(next_l, 1)),
+            mask=torch.as_tensor(np.stack(mask_l, 1), device=dev),
+        )
+        if value_fn is not None:
+            with torch.no_grad():
+                batch.values = value_fn(batch.obs)
+                batch.next_values = value_fn(batch.next_obs)
+        return batch
