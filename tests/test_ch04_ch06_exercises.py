@@ -1,0 +1,200 @@
+"""Tests of the exercise checkers of chapters 4 and 6 (rlkit/exercises/ch04.py, ch06.py).
+
+Every reference passes its own check; every registered mistake fails with its own cause; and
+each reference is compared with an independent computation (hand-worked values, slow loops,
+finite differences, exact expectations, torch.distributions, other rlkit modules).
+"""
+import math
+
+import pytest
+import torch
+
+from rlkit.exercises import check, exercises, get
+
+CH04 = ["categorical_kl", "kl_estimators", "adaptive_kl_beta", "clipped_surrogate_loss", "natural_step"]
+CH06 = ["entropy_change", "kl_second_order", "kl_lr_update"]
+ALL = CH04 + CH06
+F64 = torch.float64
+
+
+def test_chapters_register_their_exercises():
+    assert sorted(e.name for e in exercises(chapter=4)) == sorted(CH04)
+    assert sorted(e.name for e in exercises(chapter=6)) == sorted(CH06)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_reference_passes_its_own_check(name):
+    assert check(get(name).reference, name=name, verbose=False)
+
+
+@pytest.mark.parametrize("name,k", [(n, k) for n in ALL for k in range(len(get(n).mistakes))])
+def test_each_mistake_fails_with_its_cause(name, k):
+    mistake = get(name).mistakes[k]
+    result = check(mistake.fn, name=name, verbose=False)
+    assert not result
+    assert mistake.cause in result.message, result.message
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_student_exception_is_reported_not_raised(name):
+    def broken(*args, **kwargs):
+        raise RuntimeError("oops")
+    r = check(broken, name=name, verbose=False)
+    assert not r and "RuntimeError" in r.message
+
+
+# ------------------------------------------------------------------------------ chapter 4
+
+def test_categorical_kl_hand_case_and_slow_loop():
+    ref = get("categorical_kl").reference
+    p = torch.tensor([math.log(0.9), math.log(0.1)], dtype=F64)
+    q = torch.zeros(2, dtype=F64)
+    assert ref(p, q).item() == pytest.approx(0.9 * math.log(1.8) + 0.1 * math.log(0.2), abs=1e-12)
+    g = torch.Generator().manual_seed(0)
+    lp, lq = torch.randn(4, 5, generator=g, dtype=F64), torch.randn(4, 5, generator=g, dtype=F64)
+    out = ref(lp, lq)
+    for i in range(4):
+        pp = [math.exp(x) for x in lp[i].tolist()]
+        zp = sum(pp)
+        qq = [math.exp(x) for x in lq[i].tolist()]
+        zq = sum(qq)
+        slow = sum(a / zp * math.log((a / zp) / (b / zq)) for a, b in zip(pp, qq))
+        assert out[i].item() == pytest.approx(slow, abs=1e-12)
+    td = torch.distributions
+    assert torch.allclose(out, td.kl_divergence(td.Categorical(logits=lp), td.Categorical(logits=lq)), atol=1e-12)
+
+
+def test_categorical_kl_masked_actions_and_cross_entropy_identity():
+    ref = get("categorical_kl").reference
+    lp = torch.tensor([0.3, -0.2, -math.inf], dtype=F64)
+    lq = torch.tensor([0.0, 0.5, 1.0], dtype=F64)
+    p = torch.softmax(lp[:2], -1)
+    q = torch.softmax(lq, -1)
+    expected = float((p * (p.log() - q[:2].log())).sum())
+    assert ref(lp, lq).item() == pytest.approx(expected, abs=1e-12)
+    # H(p, q) = H(p) + KL(p || q)
+    g = torch.Generator().manual_seed(1)
+    a, b = torch.randn(7, generator=g, dtype=F64), torch.randn(7, generator=g, dtype=F64)
+    pa, lb = torch.softmax(a, -1), torch.log_softmax(b, -1)
+    cross = -(pa * lb).sum()
+    ent = -(pa * pa.log()).sum()
+    assert (cross - ent).item() == pytest.approx(ref(a, b).item(), abs=1e-12)
+
+
+def test_kl_estimators_hand_values_and_exact_expectations():
+    ref = get("kl_estimators").reference
+    # sample with p = 1/2, q = 1/4: l = log(1/2)
+    k1, k2, k3 = ref(torch.tensor([math.log(0.5)], dtype=F64), torch.tensor([math.log(0.25)], dtype=F64))
+    assert k1.item() == pytest.approx(math.log(2), abs=1e-12)
+    assert k2.item() == pytest.approx(0.5 * math.log(2) ** 2, abs=1e-12)
+    assert k3.item() == pytest.approx(0.5 - 1 + math.log(2), abs=1e-12)
+    # exact expectations under p (enumerate the support): k1 and k3 are unbiased, k2 is not
+    g = torch.Generator().manual_seed(2)
+    lp = torch.log_softmax(torch.randn(6, generator=g, dtype=F64), -1)
+    lq = torch.log_softmax(lp + 0.7 * torch.randn(6, generator=g, dtype=F64), -1)
+    p = lp.exp()
+    kl = float((p * (lp - lq)).sum())
+    k1, k2, k3 = ref(lp, lq)
+    assert float((p * k1).sum()) == pytest.approx(kl, abs=1e-12)
+    assert float((p * k3).sum()) == pytest.approx(kl, abs=1e-12)
+    assert abs(float((p * k2).sum()) - kl) > 1e-4
+    assert torch.all(k3 >= 0) and torch.all(k2 >= 0)
+
+
+def test_adaptive_kl_beta_matches_the_objectives_controller():
+    from rlkit.objectives import AdaptiveKLController
+    ref = get("adaptive_kl_beta").reference
+    for kl in [0.0, 0.001, 0.006, 0.0067, 0.01, 0.0149, 0.0151, 0.05]:
+        ctl = AdaptiveKLController(init_beta=0.8, target=0.01, rule="ppo")
+        assert ref(0.8, kl, 0.01) == pytest.approx(ctl.update(kl))
+    assert ref(1.0, 0.006, 0.01) == 0.5       # the article's rule would keep 1.0 here
+    with pytest.raises(ValueError, match="beta"):
+        ref(0.0, 0.01, 0.01)
+    with pytest.raises(ValueError, match="kl"):
+        ref(1.0, -0.01, 0.01)
+
+
+def test_clipped_surrogate_slow_loop_and_library_loss():
+    ref = get("clipped_surrogate_loss").reference
+    g = torch.Generator().manual_seed(3)
+    lo = torch.log(torch.rand(50, generator=g, dtype=F64) * 0.9 + 0.05)
+    ln = lo + 0.4 * torch.randn(50, generator=g, dtype=F64)
+    adv = torch.randn(50, generator=g, dtype=F64)
+    out = ref(ln, lo, adv, 0.2)
+    for i in range(50):
+        r = math.exp(ln[i].item() - lo[i].item())
+        a = adv[i].item()
+        rc = min(max(r, 0.8), 1.2)
+        assert out[i].item() == pytest.approx(-min(r * a, rc * a), abs=1e-12)
+    from rlkit.objectives import ppo_clip_loss
+    lib, _ = ppo_clip_loss(ln[None], lo[None], adv[None], eps=0.2)
+    assert out.mean().item() == pytest.approx(lib.item(), abs=1e-12)
+
+
+def test_clipped_surrogate_gradient_is_zero_where_clipping_binds():
+    ref = get("clipped_surrogate_loss").reference
+    lo = torch.log(torch.tensor([0.2, 0.2, 0.2, 0.2], dtype=F64))
+    ln = (lo + torch.log(torch.tensor([1.5, 1.5, 0.5, 0.5], dtype=F64))).requires_grad_()
+    adv = torch.tensor([1.0, -1.0, 1.0, -1.0], dtype=F64)
+    ref(ln, lo, adv, 0.2).sum().backward()
+    # r = 1.5, A > 0: clipped (no gradient); r = 1.5, A < 0: still pushed down; r = 0.5, A > 0: still
+    # pushed up; r = 0.5, A < 0: clipped
+    assert ln.grad.tolist() == pytest.approx([0.0, 1.5, -0.5, 0.0])
+
+
+def test_natural_step_sits_on_the_kl_boundary():
+    ref = get("natural_step").reference
+    g = torch.Generator().manual_seed(4)
+    M = torch.randn(5, 5, generator=g, dtype=F64)
+    F = M @ M.T + 0.05 * torch.eye(5, dtype=F64)
+    s = torch.randn(5, generator=g, dtype=F64)
+    d = ref(s, F @ s, 0.03)
+    assert float(0.5 * d @ F @ d) == pytest.approx(0.03, rel=1e-10)
+    cos = float(d @ s / (d.norm() * s.norm()))
+    assert cos == pytest.approx(1.0, abs=1e-12)
+    assert ref(torch.tensor([1.0, 0.0]), torch.tensor([4.0, 0.0]), 0.02).tolist() == pytest.approx([0.1, 0.0])
+
+
+# ------------------------------------------------------------------------------ chapter 6
+
+def _entropy(z):
+    lp = torch.log_softmax(z, -1)
+    return -(lp.exp() * lp).sum(-1)
+
+
+def test_entropy_change_is_the_directional_derivative():
+    ref = get("entropy_change").reference
+    g = torch.Generator().manual_seed(5)
+    z = 2 * torch.randn(6, 5, generator=g, dtype=F64)
+    dz = torch.randn(6, 5, generator=g, dtype=F64)
+    h = 1e-6
+    fd = (_entropy(z + h * dz) - _entropy(z - h * dz)) / (2 * h)
+    assert torch.allclose(ref(z, dz), fd, atol=1e-8)
+    # a uniform policy is a maximum of H: no first-order change in any direction
+    assert torch.allclose(ref(torch.zeros(4, dtype=F64), torch.randn(4, generator=g, dtype=F64)),
+                          torch.zeros((), dtype=F64), atol=1e-14)
+
+
+def test_kl_second_order_matches_the_exact_kl_for_small_steps():
+    ref = get("kl_second_order").reference
+    g = torch.Generator().manual_seed(6)
+    z = torch.randn(3, 7, generator=g, dtype=F64)
+    dz = torch.randn(3, 7, generator=g, dtype=F64)
+    for eps in (1e-2, 1e-3):
+        lp, lq = torch.log_softmax(z, -1), torch.log_softmax(z + eps * dz, -1)
+        exact = (lp.exp() * (lp - lq)).sum(-1)
+        assert torch.allclose(exact / eps ** 2, ref(z, dz), rtol=10 * eps)
+    # a constant shift of every logit is no change at all
+    assert torch.allclose(ref(z, torch.ones_like(z)), torch.zeros(3, dtype=F64), atol=1e-14)
+
+
+def test_kl_lr_update_matches_the_controller_class():
+    from rlkit.controllers import KLTriggeredLR
+    ref = get("kl_lr_update").reference
+    for lr, kl, thr, aim in [(0.01, 0.08, 0.02, 0.005), (0.01, 5.0, 0.02, 0.005), (0.003, 0.008, 0.02, 0.005),
+                             (0.003, 0.0002, 0.02, 0.005), (0.001, 0.0, 0.02, 0.005), (0.002, 0.02, 0.02, 0.01)]:
+        ctl = KLTriggeredLR(threshold=thr, aim=aim, gain=0.5, max_step=1.25, max_cut=10.0, lr_min=1e-12, lr_max=1e3)
+        assert ref(lr, kl, thr, aim) == pytest.approx(ctl(kl, lr), rel=1e-12)
+    assert ref(0.01, 0.08, 0.02, 0.005) == pytest.approx(0.0025)     # hand: sqrt(0.005 / 0.08) = 1/4
+    with pytest.raises(ValueError, match="aim"):
+        ref(0.01, 0.01, 0.02, 0.03)
