@@ -19,20 +19,6 @@ def test_chapter_registers_four_exercises():
     assert sorted(names) == sorted(CH01)
 
 
-@pytest.mark.parametrize("name", CH01)
-def test_reference_passes_its_own_check(name):
-    ex = get(name)
-    assert check(ex.reference, name=name, verbose=False)
-
-
-@pytest.mark.parametrize("name,k", [(n, k) for n in CH01 for k in range(len(get(n).mistakes))])
-def test_each_mistake_fails_with_its_cause(name, k):
-    mistake = get(name).mistakes[k]
-    result = check(mistake.fn, name=name, verbose=False)
-    assert not result
-    assert mistake.cause in result.message
-
-
 def test_mistakes_are_distinguishable():
     # each mistake differs from the reference on some case (else it could never be reported)
     for name in CH01:
@@ -151,3 +137,7 @@ def test_reinforce_loss_does_not_backprop_into_weights():
 def test_references_validate_input(name, args, err):
     with pytest.raises(err):
         get(name).reference(*args)
+
+
+# The generic checks (each reference passes its checker, each registered mistake is
+# caught with its cause) run for every chapter in tests/test_exercises_framework.py.

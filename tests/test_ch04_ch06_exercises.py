@@ -23,19 +23,6 @@ def test_chapters_register_their_exercises():
 
 
 @pytest.mark.parametrize("name", ALL)
-def test_reference_passes_its_own_check(name):
-    assert check(get(name).reference, name=name, verbose=False)
-
-
-@pytest.mark.parametrize("name,k", [(n, k) for n in ALL for k in range(len(get(n).mistakes))])
-def test_each_mistake_fails_with_its_cause(name, k):
-    mistake = get(name).mistakes[k]
-    result = check(mistake.fn, name=name, verbose=False)
-    assert not result
-    assert mistake.cause in result.message, result.message
-
-
-@pytest.mark.parametrize("name", ALL)
 def test_student_exception_is_reported_not_raised(name):
     def broken(*args, **kwargs):
         raise RuntimeError("oops")
@@ -198,3 +185,7 @@ def test_kl_lr_update_matches_the_controller_class():
     assert ref(0.01, 0.08, 0.02, 0.005) == pytest.approx(0.0025)     # hand: sqrt(0.005 / 0.08) = 1/4
     with pytest.raises(ValueError, match="aim"):
         ref(0.01, 0.01, 0.02, 0.03)
+
+
+# The generic checks (each reference passes its checker, each registered mistake is
+# caught with its cause) run for every chapter in tests/test_exercises_framework.py.

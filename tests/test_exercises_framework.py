@@ -86,3 +86,26 @@ def test_nan_in_an_input_is_not_a_modification():
     register(Exercise("_test_nan_input", 0, lambda x: torch.nan_to_num(x),
                       [Case((torch.tensor([1.0, float("nan")]),), label="nan")]))
     assert check(lambda x: torch.nan_to_num(x), name="_test_nan_input", verbose=False)
+
+
+def _book_exercises():
+    from rlkit.exercises import exercises
+    return [e.name for e in exercises() if e.chapter > 0]
+
+
+@pytest.mark.parametrize("name", _book_exercises())
+def test_every_book_exercise_is_sound(name):
+    """Each chapter's reference passes its checker and each registered mistake is caught with its cause."""
+    from rlkit.exercises import self_check
+    assert self_check(name) == []
+
+
+def test_every_chapter_has_at_least_three_exercises():
+    from collections import Counter
+    from pathlib import Path
+
+    from rlkit.exercises import exercises
+    per_chapter = Counter(e.chapter for e in exercises() if e.chapter > 0)
+    chapters = sorted(int(p.name[:2]) for p in (Path(__file__).parent.parent / "lessons").glob("[0-9][0-9]_*.ipynb"))
+    for ch in chapters:
+        assert per_chapter[ch] >= 3, f"chapter {ch} registers {per_chapter[ch]} exercises (3 or more expected)"

@@ -20,19 +20,6 @@ def test_chapter_registers_four_exercises():
     assert sorted(e.name for e in exercises(chapter=7)) == sorted(CH07)
 
 
-@pytest.mark.parametrize("name", CH07)
-def test_reference_passes_its_own_check(name):
-    assert check(get(name).reference, name=name, verbose=False)
-
-
-@pytest.mark.parametrize("name,k", [(n, k) for n in CH07 for k in range(len(get(n).mistakes))])
-def test_each_mistake_fails_with_its_cause(name, k):
-    mistake = get(name).mistakes[k]
-    result = check(mistake.fn, name=name, verbose=False)
-    assert not result
-    assert mistake.cause in result.message
-
-
 def test_references_against_independent_computations():
     ref = {n: get(n).reference for n in CH07}
     logits = torch.log(torch.tensor([[[0.5, 0.25, 0.25], [0.1, 0.1, 0.8], [0.3, 0.3, 0.4]]]))
@@ -51,3 +38,7 @@ def test_references_against_independent_computations():
     new = torch.tensor([[-0.8, -1.6, 9.0]])
     got = ref["sequence_ratio"](new, old, torch.tensor([[1.0, 1.0, 0.0]]))
     assert torch.allclose(got, torch.tensor([math.exp(0.3)]))
+
+
+# The generic checks (each reference passes its checker, each registered mistake is
+# caught with its cause) run for every chapter in tests/test_exercises_framework.py.

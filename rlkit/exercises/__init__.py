@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-__all__ = ["Case", "Mistake", "Exercise", "CheckResult", "register", "check", "grade", "exercises", "get"]
+__all__ = ["Case", "Mistake", "Exercise", "CheckResult", "register", "check", "grade", "exercises", "get", "self_check"]
 
 
 @dataclass
@@ -350,3 +350,32 @@ def grade(namespace: dict, chapter: int | None = None, verbose: bool = False) ->
             continue
         results.append(check(fn, name=ex.name, verbose=verbose))
     return results
+
+
+def self_check(name: str) -> list[str]:
+    """Problems with the exercise ``name`` itself (an empty list when it is sound).
+
+    For authors and the test suite: the reference passes its own checker; every registered
+    mistake differs from the reference on some case, fails the check, and is diagnosed with its
+    own cause.
+    """
+    ex = get(name)
+    problems = []
+    ref = check(ex.reference, name=name, verbose=False)
+    if not ref:
+        problems.append(f"{name}: the reference fails its own check: {ref.message}")
+    cases = ex.get_cases()
+    for mistake in ex.mistakes:
+        differs = any(
+            _compare(mistake.fn(*_clone(c.args), **_clone(c.kwargs)), ex.reference(*_clone(c.args), **_clone(c.kwargs)),
+                     ex) is not None
+            for c in cases)
+        if not differs:
+            problems.append(f"{name}: the mistake {mistake.cause!r} gives the reference's answer on every case")
+            continue
+        result = check(mistake.fn, name=name, verbose=False)
+        if result:
+            problems.append(f"{name}: the mistake {mistake.cause!r} passes the check")
+        elif mistake.cause not in result.message:
+            problems.append(f"{name}: the mistake {mistake.cause!r} is not diagnosed; the checker said: {result.message}")
+    return problems
