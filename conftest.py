@@ -27,6 +27,15 @@ CACHE_DIR = ROOT / "_build" / ".jupyter_cache"
 _RUNS: dict[str, dict] = {}
 
 
+def pytest_configure(config):
+    """One torch thread for the unit tests, as in the chapters (see book/setup.md, "Threads")."""
+    import os
+
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("RLKIT_THREADS", "1")))
+
+
 def _is_nbval_cell(item) -> bool:
     return type(item).__name__ == "IPyNbCell"
 

@@ -1,0 +1,322 @@
+r"""Checkers for the exercises of chapter 5, ``lessons/05_onpolicy_offpolicy_drift.ipynb``.
+
+* ``active_clip_fraction(logp_new, logp_old, advantages, eps)``: the fraction of samples whose
+  PPO-clip gradient is zero, i.e. :math:`(\hat A > 0 \wedge r > 1+\epsilon) \vee (\hat A < 0 \wedge r < 1-\epsilon)`.
+* ``wasserstein_1d(x, y)``: the 1-Wasserstein distance between two empirical samples of equal size
+  along the last dimension, :math:`W_1 = \frac1n\sum_i |x_{(i)} - y_{(i)}|` (sorted samples).
+* ``kl_regularised_optimum(ref_logprobs, reward, beta)``: the log-probabilities of
+  :math:`\pi_\beta \propto \pi_{ref}\, e^{r/\beta}`, the maximiser of
+  :math:`\mathbb E_\pi[r] - \beta\,\mathrm{KL}(\pi\,\|\,\pi_{ref})`.
+* ``kl_shaped_rewards(score, logp, logp_ref, mask, beta)``: RLHF's per-token rewards,
+  :math:`r_t = -\beta(\log\pi(y_t) - \log\pi_{ref}(y_t)) + [t = \text{last real token}]\,\hat r`,
+  0 on padding.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from rlkit.exercises import Case, Exercise, Mistake, register
+
+__all__: list[str] = []
+F64 = torch.float64
+
+
+def _float_tensors(fn, **tensors):
+    for name, x in tensors.items():
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            raise TypeError(f"{fn}: {name} must be a floating-point torch.Tensor")
+
+
+def _same_shape(fn, ref_name, ref, **tensors):
+    for name, x in tensors.items():
+        if tuple(x.shape) != tuple(ref.shape):
+            raise ValueError(f"{fn}: {name} has shape {tuple(x.shape)}, expected the shape of {ref_name} "
+                             f"{tuple(ref.shape)}")
+
+
+# ------------------------------------------------------------------ 1. active_clip_fraction
+
+def _active_clip_fraction(logp_new, logp_old, advantages, eps):
+    r"""Fraction of samples where PPO-clip selects the clipped branch (zero gradient); returns a 0-dim tensor."""
+    _float_tensors("active_clip_fraction", logp_new=logp_new, logp_old=logp_old, advantages=advantages)
+    _same_shape("active_clip_fraction", "logp_new", logp_new, logp_old=logp_old, advantages=advantages)
+    if not (isinstance(eps, (int, float)) and 0 < eps < 1):
+        raise ValueError(f"active_clip_fraction: eps must be a float in (0, 1), got {eps!r}")
+    ratio = torch.exp(logp_new - logp_old)
+    active = ((advantages > 0) & (ratio > 1 + eps)) | ((advantages < 0) & (ratio < 1 - eps))
+    return active.to(logp_new.dtype).mean()
+
+
+def _clip_any_side(logp_new, logp_old, advantages, eps):
+    ratio = torch.exp(logp_new - logp_old)
+    return ((ratio > 1 + eps) | (ratio < 1 - eps)).to(logp_new.dtype).mean()
+
+
+def _clip_log_ratio(logp_new, logp_old, advantages, eps):
+    lr = logp_new - logp_old
+    active = ((advantages > 0) & (lr > 1 + eps)) | ((advantages < 0) & (lr < 1 - eps))
+    return active.to(logp_new.dtype).mean()
+
+
+def _clip_upper_only(logp_new, logp_old, advantages, eps):
+    ratio = torch.exp(logp_new - logp_old)
+    return ((advantages > 0) & (ratio > 1 + eps)).to(logp_new.dtype).mean()
+
+
+def _clip_swapped_signs(logp_new, logp_old, advantages, eps):
+    ratio = torch.exp(logp_new - logp_old)
+    active = ((advantages < 0) & (ratio > 1 + eps)) | ((advantages > 0) & (ratio < 1 - eps))
+    return active.to(logp_new.dtype).mean()
+
+
+def _clip_cases():
+    g = torch.Generator().manual_seed(505)
+    lo = torch.tensor([-1.0, -1.0, -1.0, -1.0, -1.0, -1.0])
+    ln = lo + torch.tensor([0.3, 0.3, -0.3, -0.3, 0.05, -0.05])
+    adv = torch.tensor([1.0, -1.0, 1.0, -1.0, 2.0, -2.0])
+    old = torch.randn(4, 50, generator=g, dtype=F64) - 2.0
+    new = old + 0.25 * torch.randn(4, 50, generator=g, dtype=F64)
+    adv2 = torch.randn(4, 50, generator=g, dtype=F64)
+    big_old = torch.full((4,), -60.0)
+    big_new = torch.tensor([-10.0, -110.0, -10.0, -110.0])
+    big_adv = torch.tensor([1.0, -1.0, -1.0, 1.0])
+    return [
+        Case(args=(ln, lo, adv, 0.2), label="six hand-made samples, one of each kind"),
+        Case(args=(new, old, adv2, 0.2), label="[4, 50] tokens, float64"),
+        Case(args=(new, old, adv2, 0.1), label="the same with eps = 0.1"),
+        Case(args=(big_new, big_old, big_adv, 0.2), label="log-ratios of +-50"),
+    ]
+
+
+register(Exercise(
+    name="active_clip_fraction",
+    chapter=5,
+    reference=_active_clip_fraction,
+    cases=_clip_cases,
+    mistakes=[
+        Mistake(_clip_any_side, "you counted every ratio outside [1-eps, 1+eps]. The clip only zeroes the "
+                "gradient on the side that would help: r > 1+eps with A > 0, or r < 1-eps with A < 0 (a ratio "
+                "of 1.5 with A < 0 still gets a gradient, pulling it back). Several codebases log your "
+                "quantity as 'clipfrac'; it measures drift, not where the clip acts"),
+        Mistake(_clip_log_ratio, "you compared the LOG-ratio with 1 +- eps; exponentiate it first: "
+                "r = exp(logp_new - logp_old)"),
+        Mistake(_clip_upper_only, "you only counted the upper clip (A > 0, r > 1+eps); for a negative "
+                "advantage the clip acts when r < 1-eps"),
+        Mistake(_clip_swapped_signs, "the advantage signs are swapped: with A > 0 the objective wants r to "
+                "grow, so the clip stops it at r > 1+eps (not r < 1-eps)"),
+    ],
+    atol=1e-9,
+    description="Fraction of samples whose PPO-clip gradient is zero.",
+))
+
+
+# ----------------------------------------------------------------------- 2. wasserstein_1d
+
+def _wasserstein_1d(x, y):
+    r""":math:`W_1 = \frac1n \sum_i |x_{(i)} - y_{(i)}|`; ``x, y [..., n]`` -> ``[...]``."""
+    _float_tensors("wasserstein_1d", x=x, y=y)
+    _same_shape("wasserstein_1d", "x", x, y=y)
+    if x.dim() < 1 or x.shape[-1] < 1:
+        raise ValueError(f"wasserstein_1d: x must have shape [..., n] with n >= 1, got {tuple(x.shape)}")
+    return (x.sort(-1).values - y.sort(-1).values).abs().mean(-1)
+
+
+def _w1_unsorted(x, y):
+    return (x - y).abs().mean(-1)
+
+
+def _w1_one_sorted(x, y):
+    return (x.sort(-1).values - y).abs().mean(-1)
+
+
+def _w1_squared(x, y):
+    return ((x.sort(-1).values - y.sort(-1).values) ** 2).mean(-1)
+
+
+def _w1_mean_gap(x, y):
+    return (x.mean(-1) - y.mean(-1)).abs()
+
+
+def _w1_opposite_order(x, y):
+    return (x.sort(-1).values - y.sort(-1, descending=True).values).abs().mean(-1)
+
+
+def _w1_cases():
+    g = torch.Generator().manual_seed(606)
+    return [
+        Case(args=(torch.tensor([0.0, 1.0, 2.0]), torch.tensor([2.0, 0.5, 1.0])), label="three points each"),
+        Case(args=(torch.randn(3, 40, generator=g, dtype=F64),
+                   0.5 + 2.0 * torch.randn(3, 40, generator=g, dtype=F64)), label="[3, 40], shifted and wider"),
+        Case(args=(torch.randn(200, generator=g), torch.randn(200, generator=g).abs()),
+             label="200 points, a half-normal vs a normal"),
+    ]
+
+
+register(Exercise(
+    name="wasserstein_1d",
+    chapter=5,
+    reference=_wasserstein_1d,
+    cases=_w1_cases,
+    mistakes=[
+        Mistake(_w1_unsorted, "you paired x_i with y_i in the order given; the samples are unordered "
+                "sets, and the optimal coupling in 1-D pairs the i-th smallest x with the i-th smallest y: "
+                "sort both first"),
+        Mistake(_w1_one_sorted, "you sorted x but not y; sort both so that quantiles meet quantiles"),
+        Mistake(_w1_squared, "you averaged squared gaps (that is W_2 squared); W_1 averages absolute gaps"),
+        Mistake(_w1_mean_gap, "you compared the means only. |mean(x) - mean(y)| is a lower bound on W_1 "
+                "that is blind to a change of spread or shape"),
+        Mistake(_w1_opposite_order, "you sorted x ascending and y descending, coupling the smallest x with "
+                "the largest y: the worst coupling, not the best"),
+    ],
+    atol=1e-6,
+    description="1-Wasserstein distance between two equal-size empirical samples.",
+))
+
+
+# ----------------------------------------------------------------- 3. kl_regularised_optimum
+
+def _kl_optimum(ref_logprobs, reward, beta):
+    r""":math:`\log\pi_\beta = \log\pi_{ref} + r/\beta - \log Z`; ``[..., N]`` -> ``[..., N]``."""
+    _float_tensors("kl_regularised_optimum", ref_logprobs=ref_logprobs, reward=reward)
+    _same_shape("kl_regularised_optimum", "ref_logprobs", ref_logprobs, reward=reward)
+    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not beta > 0 or math.isnan(beta):
+        raise ValueError(f"kl_regularised_optimum: beta must be a positive number, got {beta!r}")
+    return torch.log_softmax(ref_logprobs + reward / beta, dim=-1)
+
+
+def _opt_times_beta(ref_logprobs, reward, beta):
+    return torch.log_softmax(ref_logprobs + beta * reward, dim=-1)
+
+
+def _opt_no_ref(ref_logprobs, reward, beta):
+    return torch.log_softmax(reward / beta, dim=-1)
+
+
+def _opt_unnormalised(ref_logprobs, reward, beta):
+    return ref_logprobs + reward / beta
+
+
+def _opt_probabilities(ref_logprobs, reward, beta):
+    return torch.softmax(ref_logprobs + reward / beta, dim=-1)
+
+
+def _opt_naive(ref_logprobs, reward, beta):
+    w = ref_logprobs.exp() * torch.exp(reward / beta)
+    return (w / w.sum(-1, keepdim=True)).log()
+
+
+def _opt_cases():
+    g = torch.Generator().manual_seed(707)
+    ref = torch.log_softmax(torch.randn(5, 7, generator=g, dtype=F64), -1)
+    r = torch.randn(5, 7, generator=g, dtype=F64)
+    ref3 = torch.log(torch.tensor([0.5, 0.25, 0.25]))
+    return [
+        Case(args=(ref3, torch.tensor([0.0, 1.0, 0.0]), 1.0), label="three responses, beta = 1"),
+        Case(args=(ref, r, 0.5), label="[5, 7], beta = 0.5"),
+        Case(args=(ref, r, 4.0), label="[5, 7], beta = 4"),
+        Case(args=(ref3, torch.tensor([0.0, 30.0, -30.0]), 0.02),
+             label="reward / beta = +-1500: overflows unless you stay in log space"),
+    ]
+
+
+register(Exercise(
+    name="kl_regularised_optimum",
+    chapter=5,
+    reference=_kl_optimum,
+    cases=_opt_cases,
+    mistakes=[
+        Mistake(_opt_times_beta, "you multiplied the reward by beta; the optimum tilts by exp(r / beta): "
+                "a LARGER penalty must keep the policy CLOSER to pi_ref"),
+        Mistake(_opt_no_ref, "you dropped pi_ref: softmax(r / beta) is the optimum of the entropy-regularised "
+                "objective (a uniform reference), not of the KL-regularised one"),
+        Mistake(_opt_unnormalised, "your log-probabilities are not normalised: subtract log Z = "
+                "logsumexp(log pi_ref + r / beta) (torch.log_softmax does it)"),
+        Mistake(_opt_probabilities, "you returned probabilities; the exercise asks for log-probabilities"),
+        Mistake(_opt_naive, "you exponentiated before normalising, which overflows for large r / beta "
+                "(inf / inf = NaN); stay in log space with torch.log_softmax"),
+    ],
+    atol=1e-6,
+    description="The closed-form maximiser of E[r] - beta KL(pi || pi_ref).",
+))
+
+
+# ---------------------------------------------------------------------- 4. kl_shaped_rewards
+
+def _shaped(score, logp, logp_ref, mask, beta):
+    r"""Per-token RLHF rewards ``[B, T]`` from ``score [B]``, ``logp, logp_ref, mask [B, T]``."""
+    _float_tensors("kl_shaped_rewards", score=score, logp=logp, logp_ref=logp_ref)
+    _same_shape("kl_shaped_rewards", "logp", logp, logp_ref=logp_ref, mask=mask)
+    if logp.dim() != 2 or tuple(score.shape) != (logp.shape[0],):
+        raise ValueError(f"kl_shaped_rewards: need logp [B, T] and score [B], got {tuple(logp.shape)} "
+                         f"and {tuple(score.shape)}")
+    m = mask.to(logp.dtype)
+    rewards = -beta * (logp - logp_ref) * m
+    t = torch.arange(logp.shape[1])
+    last = torch.where(m > 0, t, torch.full_like(t, -1)).max(dim=1).values
+    has = last >= 0
+    rows = torch.arange(logp.shape[0])[has]
+    rewards = rewards.clone()
+    rewards[rows, last[has]] += score[has]
+    return rewards
+
+
+def _shaped_last_column(score, logp, logp_ref, mask, beta):
+    m = mask.to(logp.dtype)
+    rewards = -beta * (logp - logp_ref) * m
+    rewards[:, -1] += score
+    return rewards
+
+
+def _shaped_sign(score, logp, logp_ref, mask, beta):
+    m = mask.to(logp.dtype)
+    return _shaped(score, logp, logp_ref, mask, beta) + 2 * beta * (logp - logp_ref) * m
+
+
+def _shaped_unmasked(score, logp, logp_ref, mask, beta):
+    m = mask.to(logp.dtype)
+    return _shaped(score, logp, logp_ref, mask, beta) - beta * (logp - logp_ref) * (1 - m)
+
+
+def _shaped_every_token(score, logp, logp_ref, mask, beta):
+    m = mask.to(logp.dtype)
+    return (-beta * (logp - logp_ref) + score[:, None]) * m
+
+
+def _shaped_cases():
+    g = torch.Generator().manual_seed(808)
+    B, T = 4, 6
+    logp = -torch.rand(B, T, generator=g, dtype=F64) * 3
+    logp_ref = -torch.rand(B, T, generator=g, dtype=F64) * 3
+    lengths = torch.tensor([6, 3, 1, 5])
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    score = torch.randn(B, generator=g, dtype=F64)
+    logp1 = torch.log(torch.tensor([[0.5, 0.4, 0.9], [0.2, 0.1, 0.3]]))
+    ref1 = torch.log(torch.tensor([[0.25, 0.4, 0.3], [0.2, 0.2, 0.6]]))
+    mask1 = torch.tensor([[True, True, True], [True, True, False]])
+    return [
+        Case(args=(torch.tensor([1.0, -1.0]), logp1, ref1, mask1, 0.1), label="two responses, the second padded"),
+        Case(args=(score, logp, logp_ref, mask, 0.05), label="[4, 6], lengths 6, 3, 1, 5"),
+        Case(args=(score, logp, logp_ref, mask.float(), 0.5), label="a 0/1 float mask, beta = 0.5"),
+    ]
+
+
+register(Exercise(
+    name="kl_shaped_rewards",
+    chapter=5,
+    reference=_shaped,
+    cases=_shaped_cases,
+    mistakes=[
+        Mistake(_shaped_last_column, "you put the reward-model score in the last COLUMN; for a padded "
+                "response that is a padding position. It belongs at the last REAL token of each row"),
+        Mistake(_shaped_sign, "the KL term has the wrong sign: the per-token penalty is "
+                "-beta (log pi - log pi_ref), which is negative where the policy is more likely than the reference"),
+        Mistake(_shaped_unmasked, "padding positions got a KL penalty; every reward must be 0 where mask is 0"),
+        Mistake(_shaped_every_token, "you added the score to every token. The reward model scores the whole "
+                "response once, at its end; adding it to all tokens multiplies it by the length and makes "
+                "long answers worth more"),
+    ],
+    atol=1e-9,
+    description="Per-token RLHF rewards: KL penalty on every real token, the score at the last one.",
+))
