@@ -46,6 +46,9 @@ def test_notebook_is_committed_without_outputs(path):
         if cell.cell_type != "code":
             continue
         if "NBVAL_CHECK_OUTPUT" in cell.source:
+            # nbval only honours the marker alone on its comment line; otherwise it silently skips the comparison
+            assert any(line.strip() == "# NBVAL_CHECK_OUTPUT" for line in cell.source.splitlines()), \
+                f"{path.name} cell {i}: write the marker alone on its line: '# NBVAL_CHECK_OUTPUT'"
             assert cell.outputs, f"{path.name} cell {i}: NBVAL_CHECK_OUTPUT cell needs its reference output"
             continue
         assert not cell.outputs, f"{path.name} cell {i} has outputs; clear them (jupyter nbconvert --clear-output)"
