@@ -198,6 +198,11 @@ class RolloutCollector:
                 obs_l.append(self.obs); act_l.append(actions); logp_l.append(logp)
                 next_l.append(next_obs); rew_l.append(reward); term_l.append(term); trunc_l.append(trunc)
                 self.obs = self._t(obs)
+        return self._batch(obs_l, act_l, logp_l, next_l, rew_l, term_l, trunc_l,
+                           torch.ones(N, T, dtype=torch.bool, device=self.device), value_fn)
+
+    def _batch(self, obs_l, act_l, logp_l, next_l, rew_l, term_l, trunc_l, mask, value_fn) -> Batch:
+        """Stack per-step lists (time becomes dim 1) into a :class:`Batch`; fill values if asked."""
         dev = self.device
         batch = Batch(
             obs=torch.stack(obs_l, 1),
@@ -207,7 +212,7 @@ class RolloutCollector:
             terminated=torch.as_tensor(np.stack(term_l, 1), device=dev),
             truncated=torch.as_tensor(np.stack(trunc_l, 1), device=dev),
             next_obs=self._t(np.stack(next_l, 1)),
-            mask=torch.ones(N, T, dtype=torch.bool, device=dev),
+            mask=mask,
         )
         if value_fn is not None:
             with torch.no_grad():
@@ -246,19 +251,5 @@ class RolloutCollector:
                 trunc_l.append(trunc & live)
                 live = live & ~(term | trunc)
                 self.obs = self._t(obs)
-        dev = self.device
-        batch = Batch(
-            obs=torch.stack(obs_l, 1),
-            actions=torch.stack(act_l, 1).to(dev).long(),
-            logp=torch.stack(logp_l, 1).to(dev).float(),
-            rewards=torch.as_tensor(np.stack(rew_l, 1), dtype=torch.float32, device=dev),
-            terminated=torch.as_tensor(np.stack(term_l, 1), device=dev),
-            truncated=torch.as_tensor(np.stack(trunc_l, 1), device=dev),
-            next_obs=self._t(np.stack(next_l, 1)),
-            mask=torch.as_tensor(np.stack(mask_l, 1), device=dev),
-        )
-        if value_fn is not None:
-            with torch.no_grad():
-                batch.values = value_fn(batch.obs)
-                batch.next_values = value_fn(batch.next_obs)
-        return batch
+        return self._batch(obs_l, act_l, logp_l, next_l, rew_l, term_l, trunc_l,
+                           torch.as_tensor(np.stack(mask_l, 1), device=self.device), value_fn)
