@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-__all__ = ["Case", "Mistake", "Exercise", "CheckResult", "register", "check", "grade", "exercises", "get", "self_check"]
+__all__ = ["Case", "Mistake", "Exercise", "CheckResult", "register", "check", "grade", "exercises", "get", "self_check", "float_tensors"]
 
 
 @dataclass
@@ -127,6 +127,15 @@ def get(name: str) -> Exercise:
         known = ", ".join(sorted(_REGISTRY)) or "(none)"
         raise KeyError(f"no exercise named {name!r}; known exercises: {known}")
     return _REGISTRY[name]
+
+
+def float_tensors(fn: str, **tensors) -> None:
+    """For checker modules: raise ``TypeError`` naming ``fn`` and the argument unless every
+    keyword value is a floating-point ``torch.Tensor`` (``float_tensors("gae", rewards=r, values=v)``)."""
+    for name, x in tensors.items():
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
+            raise TypeError(f"{fn}: {name} must be a floating-point torch.Tensor, got {got}")
 
 
 # ----------------------------------------------------------------------------- comparison helpers

@@ -17,16 +17,10 @@ import math
 
 import torch
 
-from rlkit.exercises import Case, Exercise, Mistake, register
+from rlkit.exercises import Case, Exercise, Mistake, register, float_tensors
 
 __all__: list[str] = []
 F64 = torch.float64
-
-
-def _float_tensors(fn, **tensors):
-    for name, x in tensors.items():
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-            raise TypeError(f"{fn}: {name} must be a floating-point torch.Tensor")
 
 
 def _same_shape(fn, ref_name, ref, **tensors):
@@ -40,7 +34,7 @@ def _same_shape(fn, ref_name, ref, **tensors):
 
 def _active_clip_fraction(logp_new, logp_old, advantages, eps):
     r"""Fraction of samples where PPO-clip selects the clipped branch (zero gradient); returns a 0-dim tensor."""
-    _float_tensors("active_clip_fraction", logp_new=logp_new, logp_old=logp_old, advantages=advantages)
+    float_tensors("active_clip_fraction", logp_new=logp_new, logp_old=logp_old, advantages=advantages)
     _same_shape("active_clip_fraction", "logp_new", logp_new, logp_old=logp_old, advantages=advantages)
     if not (isinstance(eps, (int, float)) and 0 < eps < 1):
         raise ValueError(f"active_clip_fraction: eps must be a float in (0, 1), got {eps!r}")
@@ -116,7 +110,7 @@ register(Exercise(
 
 def _wasserstein_1d(x, y):
     r""":math:`W_1 = \frac1n \sum_i |x_{(i)} - y_{(i)}|`; ``x, y [..., n]`` -> ``[...]``."""
-    _float_tensors("wasserstein_1d", x=x, y=y)
+    float_tensors("wasserstein_1d", x=x, y=y)
     _same_shape("wasserstein_1d", "x", x, y=y)
     if x.dim() < 1 or x.shape[-1] < 1:
         raise ValueError(f"wasserstein_1d: x must have shape [..., n] with n >= 1, got {tuple(x.shape)}")
@@ -179,7 +173,7 @@ register(Exercise(
 
 def _kl_optimum(ref_logprobs, reward, beta):
     r""":math:`\log\pi_\beta = \log\pi_{ref} + r/\beta - \log Z`; ``[..., N]`` -> ``[..., N]``."""
-    _float_tensors("kl_regularised_optimum", ref_logprobs=ref_logprobs, reward=reward)
+    float_tensors("kl_regularised_optimum", ref_logprobs=ref_logprobs, reward=reward)
     _same_shape("kl_regularised_optimum", "ref_logprobs", ref_logprobs, reward=reward)
     if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not beta > 0 or math.isnan(beta):
         raise ValueError(f"kl_regularised_optimum: beta must be a positive number, got {beta!r}")
@@ -246,7 +240,7 @@ register(Exercise(
 
 def _shaped(score, logp, logp_ref, mask, beta):
     r"""Per-token RLHF rewards ``[B, T]`` from ``score [B]``, ``logp, logp_ref, mask [B, T]``."""
-    _float_tensors("kl_shaped_rewards", score=score, logp=logp, logp_ref=logp_ref)
+    float_tensors("kl_shaped_rewards", score=score, logp=logp, logp_ref=logp_ref)
     _same_shape("kl_shaped_rewards", "logp", logp, logp_ref=logp_ref, mask=mask)
     if logp.dim() != 2 or tuple(score.shape) != (logp.shape[0],):
         raise ValueError(f"kl_shaped_rewards: need logp [B, T] and score [B], got {tuple(logp.shape)} "

@@ -26,17 +26,10 @@ import math
 
 import torch
 
-from rlkit.exercises import Case, Exercise, Mistake, register
+from rlkit.exercises import Case, Exercise, Mistake, register, float_tensors
 
 __all__: list[str] = []
 F64 = torch.float64
-
-
-def _float(fn, **tensors):
-    for name, x in tensors.items():
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-            got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
-            raise TypeError(f"{fn}: {name} must be a floating-point torch.Tensor, got {got}")
 
 
 def _mask_like(fn, mask, ref, ref_name):
@@ -57,7 +50,7 @@ def _behaviour_logprobs(logp_versions, versions, mask):
 
     ``logp_versions [M, B, T]``, ``versions`` long ``[B]`` or ``[B, T]``, ``mask [B, T]`` -> ``[B, T]``.
     """
-    _float("behaviour_logprobs", logp_versions=logp_versions)
+    float_tensors("behaviour_logprobs", logp_versions=logp_versions)
     if logp_versions.dim() != 3:
         raise ValueError(f"behaviour_logprobs: logp_versions must be [versions, batch, tokens], "
                          f"got shape {tuple(logp_versions.shape)}")
@@ -130,7 +123,7 @@ register(Exercise(
 # ------------------------------------------------------------------- 2. truncated_is_weights
 
 def _check_tis(logp_learner, logp_sampler, mask, cap):
-    _float("truncated_is_weights", logp_learner=logp_learner, logp_sampler=logp_sampler)
+    float_tensors("truncated_is_weights", logp_learner=logp_learner, logp_sampler=logp_sampler)
     if logp_learner.shape != logp_sampler.shape:
         raise ValueError(f"truncated_is_weights: logp_learner {tuple(logp_learner.shape)} and logp_sampler "
                          f"{tuple(logp_sampler.shape)} must have the same shape")
@@ -288,7 +281,7 @@ register(Exercise(
 # ------------------------------------------------------------------- 4. stale_advantage_error
 
 def _check_sae(v_behaviour, v_current, eps):
-    _float("stale_advantage_error", v_behaviour=v_behaviour, v_current=v_current)
+    float_tensors("stale_advantage_error", v_behaviour=v_behaviour, v_current=v_current)
     if v_behaviour.shape != v_current.shape:
         raise ValueError(f"stale_advantage_error: v_behaviour {tuple(v_behaviour.shape)} and v_current "
                          f"{tuple(v_current.shape)} must have the same shape")

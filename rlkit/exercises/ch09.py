@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from rlkit import tabular as T
-from rlkit.exercises import Case, Exercise, Mistake, register
+from rlkit.exercises import Case, Exercise, Mistake, register, float_tensors
 
 __all__: list[str] = []
 F64 = torch.float64
@@ -27,17 +27,11 @@ def _check_gamma(gamma, fn):
         raise ValueError(f"{fn}: gamma must be a float in [0, 1), got {gamma!r}")
 
 
-def _check_tensors(fn, **tensors):
-    for name, x in tensors.items():
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-            raise TypeError(f"{fn}: {name} must be a floating-point torch.Tensor")
-
-
 # ------------------------------------------------------------------- 1. discounted_visitation
 
 def _visitation(P_pi, rho0, gamma):
     r""":math:`d = (1-\gamma)\,(I - \gamma P_\pi)^{-\top} \rho_0`; ``P_pi[..., S, S]``, ``rho0[..., S]`` -> ``[..., S]``."""
-    _check_tensors("discounted_visitation", P_pi=P_pi, rho0=rho0)
+    float_tensors("discounted_visitation", P_pi=P_pi, rho0=rho0)
     _check_gamma(gamma, "discounted_visitation")
     if P_pi.dim() < 2 or P_pi.shape[-1] != P_pi.shape[-2] or tuple(P_pi.shape[:-1]) != tuple(rho0.shape):
         raise ValueError(f"discounted_visitation: need P_pi [..., S, S] and rho0 [..., S], got "
@@ -110,7 +104,7 @@ register(Exercise(
 # --------------------------------------------------------------------- 2. surrogate_objective
 
 def _check_sur(d_old, pi_old, pi_new, adv_old, gamma, fn):
-    _check_tensors(fn, d_old=d_old, pi_old=pi_old, pi_new=pi_new, adv_old=adv_old)
+    float_tensors(fn, d_old=d_old, pi_old=pi_old, pi_new=pi_new, adv_old=adv_old)
     _check_gamma(gamma, fn)
     if not (pi_old.shape == pi_new.shape == adv_old.shape) or tuple(d_old.shape) != tuple(pi_old.shape[:-1]):
         raise ValueError(f"{fn}: need d_old [..., S] and pi_old, pi_new, adv_old [..., S, A]")

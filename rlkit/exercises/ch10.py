@@ -12,23 +12,17 @@ from __future__ import annotations
 import torch
 
 from rlkit import tabular as T
-from rlkit.exercises import Case, Exercise, Mistake, register
+from rlkit.exercises import Case, Exercise, Mistake, register, float_tensors
 
 __all__: list[str] = []
 F64 = torch.float64
-
-
-def _check_tensors(fn, **tensors):
-    for name, x in tensors.items():
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-            raise TypeError(f"{fn}: {name} must be a floating-point torch.Tensor")
 
 
 # ------------------------------------------------------------------- 1. augmented_transition
 
 def _augmented_transition(P, kernel):
     r""":math:`\tilde P[sM+i, a, s'M+i'] = P[s,a,s']\,q[i,i']`; ``P[S, A, S]``, ``kernel[M, M]`` -> ``[S*M, A, S*M]``."""
-    _check_tensors("augmented_transition", P=P, kernel=kernel)
+    float_tensors("augmented_transition", P=P, kernel=kernel)
     if P.dim() != 3 or P.shape[0] != P.shape[2] or kernel.dim() != 2 or kernel.shape[0] != kernel.shape[1]:
         raise ValueError(f"augmented_transition: need P [S, A, S] and kernel [M, M], got "
                          f"{tuple(P.shape)} and {tuple(kernel.shape)}")
@@ -95,7 +89,7 @@ def _d(P, rho0, pi, gamma):
 def _mixture_visitation(P, rho0, policies, alpha, gamma):
     r""":math:`d_\beta(s,i) = \alpha_i\, d_{\pi^{(i)}}(s)`; ``P[S,A,S]``, ``rho0[S]``, ``policies[M,S,A]``,
     ``alpha[M]`` -> ``[S, M]``."""
-    _check_tensors("mixture_visitation", P=P, rho0=rho0, policies=policies, alpha=alpha)
+    float_tensors("mixture_visitation", P=P, rho0=rho0, policies=policies, alpha=alpha)
     if policies.dim() != 3 or tuple(policies.shape[1:]) != tuple(P.shape[:2]) or alpha.shape != policies.shape[:1]:
         raise ValueError("mixture_visitation: need P [S, A, S], rho0 [S], policies [M, S, A], alpha [M]")
     d = _d(P, rho0, policies, gamma)                                  # [M, S]
@@ -154,7 +148,7 @@ register(Exercise(
 def _cor31(alpha, surrogates, eps, expected_tv, gamma):
     r""":math:`\sum_i\alpha_i L_i - \frac{2\gamma\max_i\epsilon_i}{(1-\gamma)^2}\sum_i\alpha_i\,\mathbb E_{d_i}[D_{TV}]`;
     inputs ``[..., M]`` -> ``[...]``."""
-    _check_tensors("corollary31_bound", alpha=alpha, surrogates=surrogates, eps=eps, expected_tv=expected_tv)
+    float_tensors("corollary31_bound", alpha=alpha, surrogates=surrogates, eps=eps, expected_tv=expected_tv)
     if not (alpha.shape == surrogates.shape == eps.shape == expected_tv.shape):
         raise ValueError("corollary31_bound: alpha, surrogates, eps, expected_tv must share one shape [..., M]")
     L = (alpha * surrogates).sum(-1)

@@ -9,23 +9,17 @@ from __future__ import annotations
 
 import torch
 
-from rlkit.exercises import Case, Exercise, Mistake, register
+from rlkit.exercises import Case, Exercise, Mistake, register, float_tensors
 
 __all__: list[str] = []
 F64 = torch.float64
-
-
-def _check_tensors(fn, **tensors):
-    for name, x in tensors.items():
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-            raise TypeError(f"{fn}: {name} must be a floating-point torch.Tensor")
 
 
 # ---------------------------------------------------------------------- 1. step_level_kernel
 
 def _step_kernel(sigma, kappa):
     r""":math:`q = (1-\sigma_i)\,I + \sigma_i\,\kappa(\cdot|i)`; ``sigma[..., M]``, ``kappa[..., M, M]`` -> ``[..., M, M]``."""
-    _check_tensors("step_level_kernel", sigma=sigma, kappa=kappa)
+    float_tensors("step_level_kernel", sigma=sigma, kappa=kappa)
     if tuple(kappa.shape) != (*sigma.shape, sigma.shape[-1]):
         raise ValueError("step_level_kernel: need sigma [..., M] and kappa [..., M, M]")
     eye = torch.eye(sigma.shape[-1], dtype=kappa.dtype)
@@ -81,7 +75,7 @@ register(Exercise(
 
 def _u_hat(logp_new, logp_old, logp_behaviour):
     r""":math:`\hat U = \frac12\,\mathrm{mean}\,|e^{\log\pi_{k+1}-\log\pi^{(i)}} - e^{\log\pi_k-\log\pi^{(i)}}|` over the last dim."""
-    _check_tensors("update_shift_estimate", logp_new=logp_new, logp_old=logp_old, logp_behaviour=logp_behaviour)
+    float_tensors("update_shift_estimate", logp_new=logp_new, logp_old=logp_old, logp_behaviour=logp_behaviour)
     if not (logp_new.shape == logp_old.shape == logp_behaviour.shape):
         raise ValueError("update_shift_estimate: the three log-probability tensors must share one shape")
     rho_new = torch.exp(logp_new - logp_behaviour)
@@ -147,7 +141,7 @@ register(Exercise(
 def _cor42(surrogate, eps, adv_inf, U, S, gamma):
     r""":math:`L - C_1 U - (C_1 + C_2) S`, :math:`C_1 = \frac{2\gamma\epsilon}{(1-\gamma)^2}`,
     :math:`C_2 = \frac{2\|A_k\|_\infty}{1-\gamma}`; all inputs the same shape."""
-    _check_tensors("corollary42_bound", surrogate=surrogate, eps=eps, adv_inf=adv_inf, U=U, S=S)
+    float_tensors("corollary42_bound", surrogate=surrogate, eps=eps, adv_inf=adv_inf, U=U, S=S)
     if not (surrogate.shape == eps.shape == adv_inf.shape == U.shape == S.shape):
         raise ValueError("corollary42_bound: all tensor inputs must share one shape")
     c1 = 2 * gamma * eps / (1 - gamma) ** 2

@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import torch
 
-from rlkit.exercises import Case, Exercise, Mistake, register
+from rlkit.exercises import Case, Exercise, Mistake, register, float_tensors
 
 __all__: list[str] = []
 F64 = torch.float64
 
 
 def _floats(fn, **tensors):
-    for name, x in tensors.items():
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-            raise TypeError(f"{fn}: {name} must be a floating-point torch.Tensor")
+    float_tensors(fn, **tensors)
     shapes = {tuple(x.shape) for x in tensors.values()}
     if len(shapes) != 1:
         raise ValueError(f"{fn}: {', '.join(tensors)} must share one shape, got {sorted(shapes)}")

@@ -145,8 +145,12 @@ def _sba(log_rho, ages, max_age):
         raise TypeError("staleness_by_age: log_rho must be a 1-D floating tensor")
     if not isinstance(ages, torch.Tensor) or ages.shape != log_rho.shape:
         raise ValueError("staleness_by_age: ages must be a tensor shaped like log_rho")
-    d = 0.5 * torch.expm1(log_rho).abs()
-    out = torch.full((max_age + 1,), float("nan"), dtype=log_rho.dtype)
+    return _per_age_mean(0.5 * torch.expm1(log_rho).abs(), ages, max_age)
+
+
+def _per_age_mean(d, ages, max_age):
+    """``out[a]`` = mean of ``d`` over the samples of age ``a``; NaN for an age with no sample."""
+    out = torch.full((max_age + 1,), float("nan"), dtype=d.dtype)
     for a in range(max_age + 1):
         sel = ages == a
         if sel.any():
@@ -159,13 +163,7 @@ def _sba_no_half(log_rho, ages, max_age):
 
 
 def _sba_log(log_rho, ages, max_age):
-    d = 0.5 * log_rho.abs()
-    out = torch.full((max_age + 1,), float("nan"), dtype=log_rho.dtype)
-    for a in range(max_age + 1):
-        sel = ages == a
-        if sel.any():
-            out[a] = d[sel].mean()
-    return out
+    return _per_age_mean(0.5 * log_rho.abs(), ages, max_age)
 
 
 def _sba_total(log_rho, ages, max_age):
