@@ -926,6 +926,19 @@ class StaleTrainingConfig:
             seen.add(t.metric)
 
     # ---- derived quantities ----------------------------------------------------------------
+    def alert_action(self, alerts, rollbacks_done: int) -> str:
+        """What a trainer does after a monitor update that raised ``alerts``.
+
+        ``"continue"`` when nothing fired or ``on_alert="log"``; ``"stop"`` for ``on_alert="stop"``,
+        or for ``"rollback"`` once ``max_rollbacks`` rollbacks have been done; ``"rollback"``
+        otherwise. Both stale trainers (CartPole and the tiny LLM) follow this one rule.
+        """
+        if not alerts or self.on_alert == "log":
+            return "continue"
+        if self.on_alert == "stop" or rollbacks_done >= self.max_rollbacks:
+            return "stop"
+        return "rollback"
+
     @property
     def expected_drop_share(self) -> float:
         """Share of the data the version window drops, under the lag distribution (0 without a window)."""

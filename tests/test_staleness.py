@@ -446,3 +446,16 @@ def test_stale_grpo_short_run():
     assert r.evals["step"] == [0, 3]
     with pytest.raises(ValueError, match="algo"):
         train_stale_grpo(model, tok, ADDITION, RLConfig(algo="ppo"))
+
+
+def test_alert_action_follows_on_alert_and_max_rollbacks():
+    from rlkit.staleness import StaleTrainingConfig, Threshold
+    rule = (Threshold("kl", max=0.1),)
+    log = StaleTrainingConfig(thresholds=rule, on_alert="log")
+    stop = StaleTrainingConfig(thresholds=rule, on_alert="stop")
+    back = StaleTrainingConfig(thresholds=rule, on_alert="rollback", max_rollbacks=2)
+    fired = ["kl above 0.1"]
+    assert [c.alert_action([], 0) for c in (log, stop, back)] == ["continue"] * 3
+    assert log.alert_action(fired, 0) == "continue"
+    assert stop.alert_action(fired, 0) == "stop"
+    assert [back.alert_action(fired, n) for n in (0, 1, 2, 3)] == ["rollback", "rollback", "stop", "stop"]

@@ -267,20 +267,16 @@ def train_stale_ppo(env_id: str | Callable = "CartPole-v1", total_steps: int = 2
             metrics["return"] = float(sum(collector.episodes.returns[-20:]) / len(collector.episodes.returns[-20:]))
         alerts = monitor.update(update, **metrics)
         stats.update(alerts=len(alerts), rolled_back=0.0)
-        stop = False
-        if alerts and config.on_alert == "stop":
-            stop = True
-        elif alerts and config.on_alert == "rollback":
-            if len(rollbacks) >= config.max_rollbacks:
-                stop = True
-            else:
-                to = good.restore(model, opt)
-                rollbacks.append((update, to))
-                lr_scale *= config.rollback_lr_factor
-                monitor.reset_streaks()
-                stats["rolled_back"] = 1.0
-                archive = PolicyArchive(capacity=config.lag.max + 1)   # flush the bad versions' in-flight data
-        elif monitor.ok and (update + 1) % config.checkpoint_every == 0:
+        action = config.alert_action(alerts, len(rollbacks))
+        stop = action == "stop"
+        if action == "rollback":
+            to = good.restore(model, opt)
+            rollbacks.append((update, to))
+            lr_scale *= config.rollback_lr_factor
+            monitor.reset_streaks()
+            stats["rolled_back"] = 1.0
+            archive = PolicyArchive(capacity=config.lag.max + 1)   # flush the bad versions' in-flight data
+        elif action == "continue" and monitor.ok and (update + 1) % config.checkpoint_every == 0:
             good.save(update + 1, model, opt)
 
         # 6. publish the new weights as version k + 1

@@ -297,19 +297,15 @@ def train_stale_grpo(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLCo
                        loss=float(np.mean(losses)) if losses else math.nan, **{"return": float(rewards.mean())})
         alerts = monitor.update(step, **{k: v for k, v in metrics.items() if k != "loss" or losses})
         rolled = 0.0
-        stop = False
-        if alerts and stale.on_alert == "stop":
-            stop = True
-        elif alerts and stale.on_alert == "rollback":
-            if len(rollbacks) >= stale.max_rollbacks:
-                stop = True
-            else:
-                rollbacks.append((step, good.restore(model, opt)))
-                lr_scale *= stale.rollback_lr_factor
-                monitor.reset_streaks()
-                archive = PolicyArchive(capacity=stale.lag.max + 1)
-                rolled = 1.0
-        elif monitor.ok and (step + 1) % stale.checkpoint_every == 0:
+        action = stale.alert_action(alerts, len(rollbacks))
+        stop = action == "stop"
+        if action == "rollback":
+            rollbacks.append((step, good.restore(model, opt)))
+            lr_scale *= stale.rollback_lr_factor
+            monitor.reset_streaks()
+            archive = PolicyArchive(capacity=stale.lag.max + 1)
+            rolled = 1.0
+        elif action == "continue" and monitor.ok and (step + 1) % stale.checkpoint_every == 0:
             good.save(step + 1, model, opt)
         log(reward=float(rewards.mean()), accuracy=float(correct.float().mean()),
             staleness_kept=float(staleness(lp_k, lb, tm)) if tm.any() else math.nan, mean_age=float(age.float().mean()),
