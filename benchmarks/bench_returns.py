@@ -16,19 +16,28 @@ For each of ``gae``, ``vtrace`` and ``lambda_returns`` it prints
   any implementation must pay to read its inputs and write as much back;
 
 and both ratios: speed-up over the loop (higher is better) and slowdown relative to the memory
-pass (lower is better). It also times rlkit's readable reference path (a step per time index)
-for comparison, and checks that all three implementations agree.
+pass (lower is better). It also times the readable loop that each rlkit function is written as
+(a step per time index, vectorised over the batch: what ``rlkit.show`` prints, and what runs when
+autograd needs a graph), and checks that all three implementations agree.
+
+    python benchmarks/bench_returns.py --crossover
+
+times rlkit's readable loops against its blocked scan over a grid of batch sizes and segment
+lengths: the measurement behind ``rlkit.returns._LOOP_MAX_T``, the length from which the
+functions use the scan when no gradient is needed.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import time
 
 import torch
 
+from rlkit import returns as R
 from rlkit.offpolicy import vtrace
-from rlkit.returns import gae, lambda_returns, linear_recurrence
+from rlkit.returns import gae, lambda_returns
 
 # ----------------------------------------------------------------------------------------------
 # the articles' loops (per element, Python floats), one row at a time
@@ -81,26 +90,25 @@ def run_loop(fn, tensors, rows, *extra):
 
 
 # ----------------------------------------------------------------------------------------------
-# rlkit's readable reference path (one vectorised step per time index), same math
+# rlkit's readable loops (one vectorised step per time index): the code rlkit.show prints
 # ----------------------------------------------------------------------------------------------
 
 
-def ref_gae(r, v, nv, d, lam):
-    adv = linear_recurrence(d * lam, r + d * nv - v, torch.zeros(r.shape[0]), "reference")
-    return adv, adv + v
+@contextlib.contextmanager
+def readable_loops():
+    """Make rlkit's functions run their loops instead of the blocked scan."""
+    saved, R._LOOP_MAX_T = R._LOOP_MAX_T, 10 ** 9
+    try:
+        yield
+    finally:
+        R._LOOP_MAX_T = saved
 
 
-def ref_lambda(r, d, nv, lam):
-    return linear_recurrence(d * lam, r + d * (1 - lam) * nv, nv[:, -1], "reference")
-
-
-def ref_vtrace(lr, r, v, nv, d):
-    rho = lr.exp()
-    rb, c = rho.clamp(max=1.0), rho.clamp(max=1.0)
-    td = r + d * nv - v
-    acc = linear_recurrence(d * c, rb * td, torch.zeros(r.shape[0]), "reference")
-    nxt = torch.cat([acc[:, 1:], torch.zeros(r.shape[0], 1)], dim=1)
-    return acc + v, rb * (td + d * nxt)
+def looped(fn):
+    def run():
+        with readable_loops():
+            return fn()
+    return run
 
 
 # ----------------------------------------------------------------------------------------------
@@ -147,6 +155,8 @@ def main():
     ap.add_argument("--loop-rows", type=int, default=16,
                     help="rows on which the Python loop is timed, then scaled to --B")
     ap.add_argument("--repeats", type=int, default=25)
+    ap.add_argument("--crossover", action="store_true",
+                    help="time the readable loops against the blocked scan on a grid of shapes")
     ap.add_argument("--wall", action="store_true",
                     help="time with the wall clock (default: process CPU time with 1 thread, "
                          "which other processes on a shared machine do not inflate)")
@@ -164,14 +174,17 @@ def main():
     lam = 0.95
     rows = min(args.loop_rows, B)
 
+    if args.crossover:
+        return crossover(args, clock)
+
     cases = {
-        "gae": (lambda: gae(r, v, nv, d, lam), lambda: ref_gae(r, v, nv, d, lam),
+        "gae": (lambda: gae(r, v, nv, d, lam), looped(lambda: gae(r, v, nv, d, lam)),
                 lambda: run_loop(loop_gae_row, (r, v, nv, d), rows, lam), (r, v, nv, d)),
-        "vtrace": (lambda: vtrace(lr, r, v, nv, d), lambda: ref_vtrace(lr, r, v, nv, d),
+        "vtrace": (lambda: vtrace(lr, r, v, nv, d), looped(lambda: vtrace(lr, r, v, nv, d)),
                    lambda: run_loop(loop_vtrace_row, (lr, r, v, nv, d), rows),
                    (lr, r, v, nv, d)),
         "lambda_returns": (lambda: lambda_returns(r, d, nv, lam),
-                           lambda: ref_lambda(r, d, nv, lam),
+                           looped(lambda: lambda_returns(r, d, nv, lam)),
                            lambda: run_loop(loop_lambda_row, (r, d, nv), rows, lam), (r, d, nv)),
     }
 
@@ -187,7 +200,7 @@ def main():
           "mapped\n  memory dominates (about 1000 faults per 4 MiB); the allocator returns "
           "memory to the OS or not\n  depending on its state, so the rlkit and clone columns "
           "vary between runs while copy does not.\n")
-    hdr = (f"{'function':15s} {'rlkit':>7s} {'ref path':>9s} {'loop':>8s} {'clone':>6s} "
+    hdr = (f"{'function':15s} {'rlkit':>7s} {'its loop':>9s} {'loop':>8s} {'clone':>6s} "
            f"{'copy':>6s} | {'loop/rlkit':>10s} {'rlkit/clone':>11s} {'rlkit/copy':>10s} "
            f"{'faults/call':>11s}")
     print(hdr + "\n" + " " * 15 + "   (all times in ms)")
@@ -199,8 +212,9 @@ def main():
         f0 = minor_faults()
         t_fast, = best_times([fast], args.repeats, clock)
         faults = (minor_faults() - f0) / (args.repeats + 1)
-        t_clone, = best_times([lambda: clone_pass(inputs)], args.repeats, clock)
-        t_copy, = best_times([lambda: copy_pass(inputs, bufs)], args.repeats, clock)
+        t_clone, = best_times([lambda inputs=inputs: clone_pass(inputs)], args.repeats, clock)
+        t_copy, = best_times([lambda inputs=inputs, bufs=bufs: copy_pass(inputs, bufs)],
+                             args.repeats, clock)
         t_ref, = best_times([ref], 3, clock)
         t_loop = best_times([loop], 2, clock)[0] * B / rows
         # the three implementations agree
@@ -215,6 +229,29 @@ def main():
               f"{t_clone * 1e3:6.2f} {t_copy * 1e3:6.2f} | {t_loop / t_fast:10.0f} "
               f"{t_fast / t_clone:11.1f} {t_fast / t_copy:10.1f} {faults:11.0f}"
               + ("" if ok else "   MISMATCH!"))
+
+
+def crossover(args, clock):
+    """Loop versus blocked scan for gae (no autograd) over a grid of [B, T]."""
+    print(f"gae without autograd, float32, torch threads = {args.threads}: time of rlkit's "
+          f"readable loop / time of its blocked scan\n(> 1: the scan pays; rlkit uses it "
+          f"for T > {R._LOOP_MAX_T})\n")
+    Ts = [2, 4, 8, 16, 64, 256, 1024]
+    print(f"{'B':>6s} " + " ".join(f"{'T=' + str(T):>7s}" for T in Ts))
+    for B in [1, 16, 256, 4096]:
+        row = []
+        for T in Ts:
+            g = torch.Generator().manual_seed(0)
+            x = [torch.randn(B, T, generator=g) for _ in range(3)]
+            d = torch.full((B, T), 0.99)
+            saved, R._LOOP_MAX_T = R._LOOP_MAX_T, 0
+            try:
+                t_scan, = best_times([lambda x=x, d=d: gae(*x, d, 0.95)], 5, clock)
+            finally:
+                R._LOOP_MAX_T = saved
+            t_loop, = best_times([looped(lambda x=x, d=d: gae(*x, d, 0.95))], 5, clock)
+            row.append(t_loop / t_scan)
+        print(f"{B:6d} " + " ".join(f"{q:7.1f}" for q in row))
 
 
 if __name__ == "__main__":

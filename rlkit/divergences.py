@@ -27,17 +27,11 @@ from __future__ import annotations
 import torch
 
 from . import _validate as V
+from .offpolicy import _max_log_ratio
 
 Tensor = torch.Tensor
 
 __all__ = ["kl_k1", "kl_k2", "kl_k3", "kl_categorical", "tv_categorical", "entropy_categorical"]
-
-
-def _pair(logp, logq, a: str = "logp", b: str = "logq") -> Tensor:
-    V.float_tensor(logp, a, min_dim=0)
-    V.float_tensor(logq, b, min_dim=0)
-    V.same_layout(logp, a, logq, b)
-    return logq - logp
 
 
 def kl_k1(logp: Tensor, logq: Tensor) -> Tensor:
@@ -49,11 +43,13 @@ def kl_k1(logp: Tensor, logq: Tensor) -> Tensor:
         logp: ``[...]`` log-probabilities of the samples under p (the sampling distribution).
         logq: ``[...]`` log-probabilities of the same samples under q.
 
-    Returns: ``[...]`` per-sample estimates (average them yourself, e.g. with a mask).
+    Returns:
+        ``[...]`` per-sample estimates (average them yourself, e.g. with a mask).
 
     Chapter: 04_kl_trpo_ppo.
     """
-    return -_pair(logp, logq)
+    V.matching_floats(min_dim=0, logp=logp, logq=logq)
+    return logp - logq
 
 
 def kl_k2(logp: Tensor, logq: Tensor) -> Tensor:
@@ -67,28 +63,33 @@ def kl_k2(logp: Tensor, logq: Tensor) -> Tensor:
 
     Shapes as in :func:`kl_k1`. Chapter: 04_kl_trpo_ppo.
     """
-    lr = _pair(logp, logq)
-    return 0.5 * lr * lr
+    V.matching_floats(min_dim=0, logp=logp, logq=logq)
+    ell = logq - logp
+    return 0.5 * ell * ell
 
 
 def kl_k3(logp: Tensor, logq: Tensor) -> Tensor:
     r"""k3 estimator of KL(p || q): :math:`k_3 = e^{\ell} - 1 - \ell`, :math:`\ell = \log q(x) - \log p(x)`.
 
-    Unbiased and always :math:`\ge 0`. Computed as ``expm1(l) - l`` (accurate for small
-    :math:`\ell`; finite for :math:`|\ell| \le 88` in float32). In GRPO, ``logp`` is the policy
-    being trained (it generated the samples) and ``logq`` the reference model.
+    Unbiased and always :math:`\ge 0`. In GRPO, ``logp`` is the policy being trained (it
+    generated the samples) and ``logq`` the reference model. Computed as ``expm1(l) - l``
+    (accurate for small :math:`\ell`), with :math:`\ell` capped where :math:`e^{\ell}` would
+    overflow the dtype: above :math:`\ell_{\max}` = 87.7 in float32 and bfloat16 (10.1 in
+    float16, the range over which float16 works) the value stays at its value there and the
+    gradient is 0, so values and gradients are finite for every finite input.
 
-    Shapes as in :func:`kl_k1`. Chapter: 04_kl_trpo_ppo, 07_tiny_llm.
+    Args:
+        logp: ``[...]`` log-probabilities of the samples under p (the sampling distribution).
+        logq: ``[...]`` log-probabilities of the same samples under q.
+
+    Returns:
+        ``[...]`` per-sample estimates.
+
+    Chapter: 04_kl_trpo_ppo, 07_tiny_llm.
     """
-    lr = _pair(logp, logq)
-    return torch.expm1(lr) - lr
-
-
-def _logit_pair(logits_p, logits_q):
-    V.float_tensor(logits_p, "logits_p", min_dim=1)
-    V.float_tensor(logits_q, "logits_q", min_dim=1)
-    V.same_layout(logits_p, "logits_p", logits_q, "logits_q")
-    return torch.log_softmax(logits_p, dim=-1), torch.log_softmax(logits_q, dim=-1)
+    V.matching_floats(min_dim=0, logp=logp, logq=logq)
+    ell = (logq - logp).clamp(max=_max_log_ratio(logp.dtype))
+    return torch.expm1(ell) - ell
 
 
 def kl_categorical(logits_p: Tensor, logits_q: Tensor) -> Tensor:
@@ -100,13 +101,17 @@ def kl_categorical(logits_p: Tensor, logits_q: Tensor) -> Tensor:
     gradients). It is ``+inf`` when q gives zero probability to an action p can take.
 
     Args:
-        logits_p, logits_q: ``[..., A]`` unnormalised log-probabilities (same shape).
+        logits_p, logits_q: ``[..., A]`` unnormalised log-probabilities (same shape), at least
+            one category.
 
-    Returns: ``[...]``.
+    Returns:
+        ``[...]``.
 
     Chapter: 04_kl_trpo_ppo.
     """
-    lp, lq = _logit_pair(logits_p, logits_q)
+    V.matching_floats(logits_p=logits_p, logits_q=logits_q)
+    V.has_categories(logits_p, "logits_p")
+    lp, lq = torch.log_softmax(logits_p, dim=-1), torch.log_softmax(logits_q, dim=-1)
     p = lp.exp()
     diff = torch.where(p > 0, lp - lq, torch.zeros((), dtype=lp.dtype, device=lp.device))
     # KL >= 0 (Gibbs); rounding can leave about -1e-9 when p and q nearly agree
@@ -117,12 +122,17 @@ def tv_categorical(logits_p: Tensor, logits_q: Tensor) -> Tensor:
     r"""Exact total-variation distance :math:`\tfrac12 \sum_a |p(a) - q(a)|` along the last dim.
 
     Args:
-        logits_p, logits_q: ``[..., A]`` logits. Returns: ``[...]``, values in ``[0, 1]``.
+        logits_p, logits_q: ``[..., A]`` logits, at least one category.
 
-    Chapter: Part II (the performance-difference bounds are stated in TV; Lemma 5.1 writes it as
+    Returns:
+        ``[...]``, values in ``[0, 1]``.
+
+    Chapter: Part II (the performance-difference bounds are stated in TV; lemma lem-ch11-ratio writes it as
     half the expected absolute ratio difference).
     """
-    lp, lq = _logit_pair(logits_p, logits_q)
+    V.matching_floats(logits_p=logits_p, logits_q=logits_q)
+    V.has_categories(logits_p, "logits_p")
+    lp, lq = torch.log_softmax(logits_p, dim=-1), torch.log_softmax(logits_q, dim=-1)
     return 0.5 * (lp.exp() - lq.exp()).abs().sum(-1)
 
 
@@ -130,11 +140,14 @@ def entropy_categorical(logits: Tensor) -> Tensor:
     r"""Exact entropy :math:`H(p) = -\sum_a p(a) \log p(a)` along the last dim (0 log 0 = 0).
 
     Args:
-        logits: ``[..., A]``. Returns: ``[...]``.
+        logits: ``[..., A]``, at least one category.
+
+    Returns:
+        ``[...]``.
 
     Chapter: 04_kl_trpo_ppo (entropy, KL and the learning rate as one system).
     """
-    V.float_tensor(logits, "logits", min_dim=1)
+    V.has_categories(logits, "logits")
     lp = torch.log_softmax(logits, dim=-1)
     p = lp.exp()
     safe = torch.where(p > 0, lp, torch.zeros((), dtype=lp.dtype, device=lp.device))

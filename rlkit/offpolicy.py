@@ -16,20 +16,23 @@ and the methods differ only in the trace coefficient :math:`c` of the next actio
 (:func:`trace_coefficients`): importance sampling :math:`c=\pi/\mu`; Q(lambda) :math:`c=1`;
 Tree-Backup :math:`c=\pi(a)`; Retrace :math:`c=\min(1, \pi/\mu)`.
 
+Ratios are formed from log-ratios at the last moment, by ``_exp_ratio``, which saturates
+where :math:`e^{\ell}` would overflow the dtype instead of returning ``inf``.
+
 Chapters: 03_importance_sampling (ratios), Part II (sequence-level ratios in LLM training),
 Part III (V-trace, Retrace and Tree-Backup with asynchronous actors).
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple, Union
+import math
 
 import torch
 
 from . import _validate as V
-from .returns import _solve
+from .returns import _blocked_pays, _scan, _steps
 
 Tensor = torch.Tensor
-FloatOrTensor = Union[float, Tensor]
+FloatOrTensor = float | Tensor
 
 __all__ = [
     "importance_ratio",
@@ -41,7 +44,29 @@ __all__ = [
 ]
 
 
-def importance_ratio(logp_new: Tensor, logp_old: Tensor, mask: Optional[Tensor] = None,
+def _max_log_ratio(dtype: torch.dtype) -> float:
+    """The largest log-ratio whose exponential (and ``expm1``) is finite in ``dtype``, with a
+    margin of 1: 87.7 for float32 and bfloat16, 708.8 for float64, 10.1 for float16."""
+    return math.log(torch.finfo(dtype).max) - 1.0
+
+
+def _exp_ratio(log_ratio: Tensor) -> Tensor:
+    r"""A ratio :math:`e^{\ell}` from its log, saturating where it would overflow the dtype.
+
+    .. math::  \text{exp\_ratio}(\ell) = e^{\min(\ell,\ \ell_{\max})}, \qquad
+               \ell_{\max} = \log(\text{largest finite number}) - 1,
+
+    i.e. :math:`\ell_{\max}` = 87.7 in float32 and bfloat16 (ratios up to about
+    :math:`10^{38}`), 708.8 in float64 and 10.1 in float16 (ratios up to about 24,000; the range
+    over which float16 works). Above :math:`\ell_{\max}` the value stays finite and the gradient
+    is 0, like a clip, where :math:`e^{\ell}` would be ``inf`` (and a gradient through it NaN).
+
+    Used for every ratio of this module and by :func:`rlkit.divergences.kl_k3`.
+    """
+    return torch.exp(log_ratio.clamp(max=_max_log_ratio(log_ratio.dtype)))
+
+
+def importance_ratio(logp_new: Tensor, logp_old: Tensor, mask: Tensor | None = None,
                      level: str = "token", log: bool = False) -> Tensor:
     r"""Importance ratios between two policies, formed in log space.
 
@@ -55,20 +80,24 @@ def importance_ratio(logp_new: Tensor, logp_old: Tensor, mask: Optional[Tensor] 
       :math:`r_i = \exp\big(\frac{1}{|o_i|}\sum_t m_{i,t}(\log\pi_{\text{new}} - \log\pi_{\text{old}})\big)`,
       shape ``[B]`` (1 for an empty sequence).
 
+    Masked-out tokens never reach the result, in values or gradients, even when they hold NaN
+    or ``inf``. The exponential is ``_exp_ratio``: it saturates (gradient 0) above a log-ratio
+    of 87.7 in float32 and bfloat16, 10.1 in float16, instead of overflowing to ``inf``.
+
     Args:
         logp_new, logp_old: ``[B, T]`` (any leading dims) log-probs of the sampled tokens.
         mask: optional bool / 0-1 mask of real tokens, same shape.
         level: ``"token"``, ``"sequence"`` or ``"geometric"``.
         log: return the log-ratio instead (recommended for sequence level, where the ratio
-            itself may overflow to ``inf`` in float32 when the sum exceeds about 88).
+            itself saturates once the sum exceeds 87.7 in float32).
 
-    Gradients flow into both arguments (detach ``logp_old`` yourself if it has a graph).
+    Returns:
+        ``[B, T]`` (token level) or ``[B]`` ratios (or log-ratios). Gradients flow into both
+        arguments (detach ``logp_old`` yourself if it has a graph).
 
-    Chapter: 03_importance_sampling (token level), Part II (sequence level).
+    Chapter: 03_importance_sampling (token level), 08_why_offpolicy (sequence level).
     """
-    V.float_tensor(logp_new, "logp_new", min_dim=1)
-    V.float_tensor(logp_old, "logp_old", min_dim=1)
-    V.same_layout(logp_new, "logp_new", logp_old, "logp_old")
+    V.matching_floats(logp_new=logp_new, logp_old=logp_old)
     V.choice(level, "level", ("token", "sequence", "geometric"))
     m = V.check_mask(mask, logp_new, "logp_new")
     lr = logp_new - logp_old
@@ -79,20 +108,12 @@ def importance_ratio(logp_new: Tensor, logp_old: Tensor, mask: Optional[Tensor] 
     elif level == "geometric":
         n = lr.new_full(lr.shape[:-1], lr.shape[-1]) if m is None else m.sum(-1)
         lr = lr.sum(-1) / n.clamp(min=1.0)
-    return lr if log else torch.exp(lr)
-
-
-def _check_steps(rewards, **others) -> Tensor:
-    V.float_tensor(rewards, "rewards", min_dim=1)
-    for name, x in others.items():
-        V.float_tensor(x, name, min_dim=1)
-        V.same_layout(rewards, "rewards", x, name)
-    return rewards
+    return lr if log else _exp_ratio(lr)
 
 
 def vtrace(log_rhos: Tensor, rewards: Tensor, values: Tensor, next_values: Tensor,
            discounts: Tensor, clip_rho: float = 1.0, clip_c: float = 1.0,
-           lam: FloatOrTensor = 1.0) -> Tuple[Tensor, Tensor]:
+           lam: FloatOrTensor = 1.0) -> tuple[Tensor, Tensor]:
     r"""V-trace targets and policy-gradient advantages (Espeholt et al., 2018, IMPALA).
 
     With :math:`\rho_t = \pi(a_t|s_t)/\mu(a_t|s_t)`, :math:`\bar\rho_t = \min(\bar\rho, \rho_t)`,
@@ -114,81 +135,89 @@ def vtrace(log_rhos: Tensor, rewards: Tensor, values: Tensor, next_values: Tenso
     nothing (``lam=0`` gives one-step targets with IMPALA's :math:`v_{t+1}` in the advantage).
 
     On-policy (:math:`\pi=\mu`) with clips :math:`\ge 1`, :math:`v_t` is the lambda-return and
-    :math:`A^{\text{pg}}` the one-step advantage with a lambda-return bootstrap.
+    :math:`A^{\text{pg}}` the one-step advantage with a lambda-return bootstrap. The clipped
+    ratios are formed in log space, so any finite or ``+inf`` log-ratio gives finite targets.
 
     Args:
         log_rhos: ``[..., T]`` :math:`\log\pi - \log\mu` of the taken actions (detached inside).
         rewards, values, next_values, discounts: ``[..., T]``.
-        clip_rho: :math:`\bar\rho > 0` (IMPALA uses 1; the article 1 to 2).
-        clip_c: :math:`\bar c > 0` (usually 1; take :math:`\bar c \le \bar\rho`).
+        clip_rho: finite :math:`\bar\rho > 0` (IMPALA uses 1; the article 1 to 2).
+        clip_c: finite :math:`\bar c > 0` (usually 1; take :math:`\bar c \le \bar\rho`).
         lam: float or ``[..., T]`` tensor in ``[0, 1]``.
 
-    Returns: ``(vs, pg_advantages)``, both ``[..., T]`` and without gradient (targets).
+    Returns:
+        ``(vs, pg_advantages)``, both ``[..., T]`` and without gradient (targets).
 
     Chapter: Part III, "V-trace, Retrace and Tree-Backup with asynchronous actors".
     """
-    _check_steps(rewards, log_rhos=log_rhos, values=values, next_values=next_values,
-                 discounts=discounts)
+    V.matching_floats(rewards=rewards, log_rhos=log_rhos, values=values,
+                      next_values=next_values, discounts=discounts)
     V.in_unit_interval(discounts, "discounts")
-    clip_rho = V.finite_float(clip_rho, "clip_rho", 0.0, lo_open=True)
-    clip_c = V.finite_float(clip_c, "clip_c", 0.0, lo_open=True)
-    lam_t = V.scalar_or_like(lam, "lam", rewards, "rewards")
+    clip_rho = V.real_in(clip_rho, "clip_rho", 0.0, lo_open=True)
+    clip_c = V.real_in(clip_c, "clip_c", 0.0, lo_open=True)
+    lam = V.scalar_or_like(lam, "lam", rewards, "rewards")
     with torch.no_grad():
-        # (written with few full-size temporaries: each costs page faults on a CPU)
-        rho_bar = torch.exp(log_rhos)                              # rho_t = pi / mu
-        c = rho_bar.clamp(max=clip_c)                              # min(c-bar, rho_t)
-        rho_bar.clamp_(max=clip_rho)                               # min(rho-bar, rho_t)
-        c.mul_(discounts)
-        if isinstance(lam_t, torch.Tensor) or lam_t != 1.0:
-            c.mul_(lam_t)                                          # gamma_t * c_t (with lam)
-        td = torch.addcmul(rewards, discounts, next_values).sub_(values)
-        delta = rho_bar * td                                       # rho-bar_t * TD error
-        # v_t - V(s_t) = delta_t + gamma_t c_t (v_{t+1} - V(s_{t+1})), solved backwards in time
-        acc = _solve(c, delta, delta.new_zeros(delta.shape[:-1]), out=delta)
-        vs = acc + values
-        # pg advantage: rho-bar (TD error + gamma_t * (v_{t+1} - V(s_{t+1})))
-        nxt = c                                                    # reuse the buffer
-        nxt[..., :-1] = acc[..., 1:]
-        nxt[..., -1] = 0.0
-        if isinstance(lam_t, torch.Tensor):
-            nxt.masked_fill_(lam_t == 0, 0.0)
-        pg_adv = torch.addcmul(td, discounts, nxt, out=nxt).mul_(rho_bar)
-    return vs, pg_adv
+        rho = _exp_ratio(log_rhos)                                  # pi / mu, finite
+        if _blocked_pays(rewards):
+            return _vtrace_blocked(rho, rewards, values, next_values, discounts, clip_rho,
+                                   clip_c, lam)
+        rho_bar, c = rho.clamp(max=clip_rho), _steps(lam, rewards) * rho.clamp(max=clip_c)
+        follow = (lam > 0).to(c.dtype) if isinstance(lam, Tensor) else torch.ones_like(c)
+        vs, pg_advantages = torch.zeros_like(values), torch.zeros_like(values)
+        acc = values.new_zeros(values.shape[:-1])                  # v_T - V(s_T) = 0
+        for t in reversed(range(rewards.shape[-1])):
+            td = rewards[..., t] + discounts[..., t] * next_values[..., t] - values[..., t]
+            # v_{t+1} = V(s_{t+1}) + acc, unless the trajectory is cut after step t
+            pg_advantages[..., t] = rho_bar[..., t] * (td + discounts[..., t] * follow[..., t] * acc)
+            acc = rho_bar[..., t] * td + discounts[..., t] * c[..., t] * acc
+            vs[..., t] = values[..., t] + acc
+    return vs, pg_advantages
 
 
 _TRACES = ("retrace", "tree_backup", "q_lambda", "is")
 
 
-def trace_coefficients(kind: str, log_rhos: Optional[Tensor] = None,
-                       logp_target: Optional[Tensor] = None) -> Tensor:
+def trace_coefficients(kind: str, log_rhos: Tensor | None = None,
+                       logp_target: Tensor | None = None) -> Tensor:
     r"""Trace coefficients :math:`c_t` of the taken actions for the named off-policy methods.
 
-    ============== ============================================ ====================================
-    ``kind``       :math:`c_t`                                  needs
-    ============== ============================================ ====================================
-    ``"is"``       :math:`\pi(a_t|s_t)/\mu(a_t|s_t)`            ``log_rhos`` (unbiased, variance
-                                                                grows without bound)
-    ``"q_lambda"`` :math:`1`                                    ``log_rhos`` for the shape (safe
-                                                                only when :math:`\pi \approx \mu`)
-    ``"tree_backup"`` :math:`\pi(a_t|s_t)`                      ``logp_target`` (never needs
-                                                                :math:`\mu`; cuts on-policy traces)
-    ``"retrace"``  :math:`\min(1, \pi(a_t|s_t)/\mu(a_t|s_t))`   ``log_rhos`` (safe and efficient)
-    ============== ============================================ ====================================
+    ================= ============================================ ===============================
+    ``kind``          :math:`c_t`                                  needs
+    ================= ============================================ ===============================
+    ``"is"``          :math:`\pi(a_t|s_t)/\mu(a_t|s_t)`            ``log_rhos`` (unbiased,
+                                                                   variance grows without bound)
+    ``"q_lambda"``    :math:`1`                                    ``log_rhos`` for the shape
+                                                                   (safe only when
+                                                                   :math:`\pi \approx \mu`)
+    ``"tree_backup"`` :math:`\pi(a_t|s_t)`                         ``logp_target`` (never needs
+                                                                   :math:`\mu`; cuts on-policy
+                                                                   traces)
+    ``"retrace"``     :math:`\min(1, \pi(a_t|s_t)/\mu(a_t|s_t))`   ``log_rhos`` (safe and
+                                                                   efficient)
+    ================= ============================================ ===============================
 
-    Returns: a ``[..., T]`` tensor (no gradient). Chapter: Part III.
+    Args:
+        kind: one of the names above.
+        log_rhos: ``[..., T]`` :math:`\log\pi(a_t|s_t) - \log\mu(a_t|s_t)`.
+        logp_target: ``[..., T]`` :math:`\log\pi(a_t|s_t)`.
+
+    Returns:
+        A ``[..., T]`` tensor (no gradient). Ratios come from ``_exp_ratio``: finite. (The
+        products of unclipped ``"is"`` traces in :func:`off_policy_q_returns` can still
+        overflow for large log-ratios: that is the variance of importance sampling showing.)
+
+    Chapter: Part III.
     """
     V.choice(kind, "kind", _TRACES)
     if kind == "tree_backup":
-        if logp_target is None:
-            raise ValueError("kind='tree_backup' needs logp_target (log pi of the taken actions)")
+        V.given(logp_target, "logp_target", "kind='tree_backup' needs log pi of the taken actions")
         V.float_tensor(logp_target, "logp_target", min_dim=1)
-        return logp_target.detach().exp()
-    if log_rhos is None:
-        raise ValueError(f"kind={kind!r} needs log_rhos (log pi - log mu of the taken actions)")
+        return _exp_ratio(logp_target.detach())
+    V.given(log_rhos, "log_rhos", f"kind={kind!r} needs log pi - log mu of the taken actions")
     V.float_tensor(log_rhos, "log_rhos", min_dim=1)
     lr = log_rhos.detach()
     if kind == "is":
-        return lr.exp()
+        return _exp_ratio(lr)
     if kind == "q_lambda":
         return torch.ones_like(lr)
     return lr.clamp(max=0.0).exp()   # min(1, rho) computed in log space
@@ -222,21 +251,29 @@ def off_policy_q_returns(traces: Tensor, rewards: Tensor, q_taken: Tensor, next_
         next_values: ``[..., T]`` :math:`\sum_a \pi(a|s_{t+1}) Q(s_{t+1}, a)`.
         lam: float or ``[..., T]`` tensor in ``[0, 1]``.
 
-    Returns: ``[..., T]`` targets for :math:`Q(s_t, a_t)` (no gradient).
+    Returns:
+        ``[..., T]`` targets for :math:`Q(s_t, a_t)` (no gradient).
 
     Chapter: Part III.
     """
-    _check_steps(rewards, traces=traces, q_taken=q_taken, next_values=next_values,
-                 discounts=discounts)
+    V.matching_floats(rewards=rewards, traces=traces, q_taken=q_taken, next_values=next_values,
+                      discounts=discounts)
     V.in_unit_interval(discounts, "discounts")
-    lam_t = V.scalar_or_like(lam, "lam", rewards, "rewards")
+    V.all_finite(traces, "traces")
+    lam = V.scalar_or_like(lam, "lam", rewards, "rewards")
     with torch.no_grad():
-        pad = rewards.new_zeros(rewards.shape[:-1] + (1,))
-        c_next = torch.cat([traces[..., 1:], pad], dim=-1)      # c_{t+1}, 0 after the end
-        q_next = torch.cat([q_taken[..., 1:], pad], dim=-1)     # Q(s_{t+1}, a_{t+1})
-        a = discounts * lam_t * c_next
-        b = rewards + discounts * next_values - a * q_next
-        return _solve(a, b, pad[..., 0], out=b)
+        if _blocked_pays(rewards):
+            return _q_returns_blocked(traces, rewards, q_taken, next_values, discounts, lam)
+        lam, T = _steps(lam, rewards), rewards.shape[-1]
+        returns = torch.zeros_like(rewards)
+        G = rewards.new_zeros(rewards.shape[:-1])
+        for t in reversed(range(T)):
+            # the correction of step t+1, weighted by lam_t c_{t+1}; none after the last step
+            c = lam[..., t] * traces[..., t + 1] if t + 1 < T else 0.0
+            q_next = q_taken[..., t + 1] if t + 1 < T else 0.0
+            G = rewards[..., t] + discounts[..., t] * (next_values[..., t] + c * (G - q_next))
+            returns[..., t] = G
+    return returns
 
 
 def retrace(log_rhos: Tensor, rewards: Tensor, q_taken: Tensor, next_values: Tensor,
@@ -252,11 +289,15 @@ def retrace(log_rhos: Tensor, rewards: Tensor, q_taken: Tensor, next_values: Ten
     :math:`\mu`.
 
     Args:
-        log_rhos: ``[..., T]`` :math:`\log\pi(a_t|s_t) - \log\mu(a_t|s_t)`;
+        log_rhos: ``[..., T]`` :math:`\log\pi(a_t|s_t) - \log\mu(a_t|s_t)`.
         rewards, q_taken, next_values, discounts, lam: as in :func:`off_policy_q_returns`.
 
-    Returns: ``[..., T]``. Chapter: Part III.
+    Returns:
+        ``[..., T]`` (no gradient).
+
+    Chapter: Part III.
     """
+    V.matching_floats(rewards=rewards, log_rhos=log_rhos)
     return off_policy_q_returns(trace_coefficients("retrace", log_rhos=log_rhos), rewards,
                                 q_taken, next_values, discounts, lam)
 
@@ -272,10 +313,47 @@ def tree_backup(logp_target: Tensor, rewards: Tensor, q_taken: Tensor, next_valu
     Needs no behaviour probabilities at all; the price is that traces shrink even on-policy.
 
     Args:
-        logp_target: ``[..., T]`` :math:`\log\pi(a_t|s_t)` of the logged actions;
-        the rest as in :func:`off_policy_q_returns`.
+        logp_target: ``[..., T]`` :math:`\log\pi(a_t|s_t)` of the logged actions (``<= 0``).
+        rewards, q_taken, next_values, discounts, lam: as in :func:`off_policy_q_returns`.
 
-    Returns: ``[..., T]``. Chapter: Part III.
+    Returns:
+        ``[..., T]`` (no gradient).
+
+    Chapter: Part III.
     """
+    V.matching_floats(rewards=rewards, logp_target=logp_target)
     return off_policy_q_returns(trace_coefficients("tree_backup", logp_target=logp_target),
                                 rewards, q_taken, next_values, discounts, lam)
+
+
+# ----------------------------------------------------------------------------------------------
+# Fast paths (no autograd; see rlkit.returns._blocked_pays): the recursions above, vectorised in
+# time by the blocked scan, written with few full-size temporaries.
+# ----------------------------------------------------------------------------------------------
+
+def _vtrace_blocked(rho, rewards, values, next_values, discounts, clip_rho, clip_c, lam):
+    c = rho.clamp(max=clip_c)                                      # min(c-bar, rho_t)
+    rho_bar = rho.clamp_(max=clip_rho)                             # min(rho-bar, rho_t)
+    c.mul_(discounts)
+    if isinstance(lam, Tensor) or lam != 1.0:
+        c.mul_(lam)                                                # gamma_t c_t (with lam)
+    td = torch.addcmul(rewards, discounts, next_values).sub_(values)
+    delta = rho_bar * td                                           # rho-bar_t * TD error
+    acc = _scan(c, delta, delta.new_zeros(delta.shape[:-1]), out=delta)
+    vs = acc + values
+    nxt = c                                                        # reuse the buffer
+    nxt[..., :-1] = acc[..., 1:]
+    nxt[..., -1] = 0.0
+    if isinstance(lam, Tensor):
+        nxt.masked_fill_(lam == 0, 0.0)
+    pg_adv = torch.addcmul(td, discounts, nxt, out=nxt).mul_(rho_bar)
+    return vs, pg_adv
+
+
+def _q_returns_blocked(traces, rewards, q_taken, next_values, discounts, lam):
+    pad = rewards.new_zeros(rewards.shape[:-1] + (1,))
+    c_next = torch.cat([traces[..., 1:], pad], dim=-1)             # c_{t+1}, 0 after the end
+    q_next = torch.cat([q_taken[..., 1:], pad], dim=-1)            # Q(s_{t+1}, a_{t+1})
+    a = discounts * lam * c_next
+    b = rewards + discounts * next_values - a * q_next
+    return _scan(a, b, pad[..., 0], out=b)

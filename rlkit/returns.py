@@ -14,9 +14,11 @@ Every quantity here is a *backward linear recurrence*
 
 .. math::  y_t = b_t + a_t\, y_{t+1}, \qquad y_T = y_{\text{init}},
 
-with a different choice of :math:`a_t, b_t`. :func:`linear_recurrence` solves it; it has a
-readable reference path (one step per time index, vectorised over the batch) and a fast blocked
-path (see :func:`_scan_blocked`), and the tests check that the two agree.
+with a different choice of :math:`a_t, b_t`. Each function below is written as its recursion: a
+loop over ``t`` from ``T-1`` down to 0, each step one vectorised operation over the whole batch.
+Without autograd and for longer segments the same numbers come from a private blocked scan
+(``_scan_blocked``, ``C + K`` small steps instead of ``T``), which the tests prove equal to
+the loops and ``benchmarks/bench_returns.py`` shows to pay (``_blocked_pays``).
 
 Chapters: 01_policy_gradient (discounted returns), 02_advantage_gae (GAE, lambda-returns,
 ``from_gymnasium``), Part III (n-step and lambda-returns for long text).
@@ -24,14 +26,13 @@ Chapters: 01_policy_gradient (discounted returns), 02_advantage_gae (GAE, lambda
 from __future__ import annotations
 
 import threading
-from typing import Tuple, Union
 
 import torch
 
 from . import _validate as V
 
 Tensor = torch.Tensor
-FloatOrTensor = Union[float, Tensor]
+FloatOrTensor = float | Tensor
 
 __all__ = [
     "discounted_returns",
@@ -40,7 +41,6 @@ __all__ = [
     "gae",
     "from_gymnasium",
     "td_errors",
-    "linear_recurrence",
     "release_workspace",
 ]
 
@@ -48,20 +48,6 @@ __all__ = [
 # ----------------------------------------------------------------------------------------------
 # The one recurrence behind everything in this module
 # ----------------------------------------------------------------------------------------------
-
-def _scan_reference(a: Tensor, b: Tensor, init: Tensor) -> Tensor:
-    """y_t = b_t + a_t * y_{t+1}, y_T = init; one step per time index. a, b: [N, T]; init: [N].
-
-    Differentiable (no in-place writes into tensors autograd needs).
-    """
-    T = b.shape[-1]
-    ys = [None] * T
-    y = init
-    for t in range(T - 1, -1, -1):
-        y = b[..., t] + a[..., t] * y
-        ys[t] = y
-    return torch.stack(ys, dim=-1)
-
 
 _WORKSPACE = threading.local()
 _WORKSPACE_MAX_BYTES = 256 * 2 ** 20
@@ -109,8 +95,8 @@ def _scan_blocked(a: Tensor, b: Tensor, init: Tensor, block: int = 0, a_scale: f
        (a contiguous ``[N, T]`` buffer, which may be ``a`` or ``b`` itself).
 
     ``C + K`` small steps instead of ``T`` (64 instead of 1024 at T=1024); the cost is then
-    dominated by the two transposes in and the one out. Same sums as :func:`_scan_reference`,
-    associated differently, so the two agree to rounding (tested).
+    dominated by the two transposes in and the one out. Same sums as the loops of the public
+    functions, associated differently, so the two agree to rounding (tested).
     """
     N, T = b.shape
     C = block if block > 0 else min(64, max(8, int(round(T ** 0.5))))
@@ -146,23 +132,13 @@ def _scan_blocked(a: Tensor, b: Tensor, init: Tensor, block: int = 0, a_scale: f
     return out
 
 
-def _needs_grad(*xs) -> bool:
-    return torch.is_grad_enabled() and any(
-        isinstance(x, torch.Tensor) and x.requires_grad for x in xs)
-
-
-def _solve(a: Tensor, b: Tensor, init: Tensor, a_scale: float = 1.0,
-           out: Tensor = None) -> Tensor:
-    """Internal: y_t = b_t + a_scale * a_t * y_{t+1}; blocked unless autograd needs a graph.
+def _scan(a: Tensor, b: Tensor, init: Tensor, a_scale: float = 1.0, out: Tensor = None) -> Tensor:
+    """``_scan_blocked`` on ``[..., T]`` tensors: ``y_t = b_t + a_scale * a_t * y_{t+1}``.
 
     ``out`` (optional) is a contiguous tensor shaped like ``b`` that may be overwritten (it may
-    be ``b`` itself); it is only used on the fast path.
+    be ``b`` itself). No autograd: only called where ``_blocked_pays``.
     """
-    shape = b.shape
-    T = shape[-1]
-    if _needs_grad(a, b, init) or T <= 8 or b.numel() == 0:
-        aa = a if a_scale == 1.0 else a * a_scale
-        return _scan_reference(aa.reshape(-1, T), b.reshape(-1, T), init.reshape(-1)).reshape(shape)
+    shape, T = b.shape, b.shape[-1]
     with torch.no_grad():
         o = out.view(-1, T) if out is not None and out.is_contiguous() else None
         y = _scan_blocked(a.reshape(-1, T), b.reshape(-1, T), init.reshape(-1),
@@ -170,62 +146,29 @@ def _solve(a: Tensor, b: Tensor, init: Tensor, a_scale: float = 1.0,
     return y.view(shape)
 
 
-def linear_recurrence(a: Tensor, b: Tensor, init: Tensor, method: str = "auto") -> Tensor:
-    r"""Solve the backward recurrence :math:`y_t = b_t + a_t\,y_{t+1}` with :math:`y_T` = ``init``.
+# The readable loops cost a few small tensor operations per time step; the blocked scan costs
+# C + K ~ 2 sqrt(T) of them plus three passes over memory. `python benchmarks/bench_returns.py
+# --crossover` times both (gae, 1 thread): the loop is faster up to T = 4, the scan from T = 8
+# on at every batch size tried (1 to 4096 rows; 1.1x to 1.7x at T = 8, 4x to 66x at T = 1024).
+# The scan is used for T > 8 (rlkit 0.1's threshold, which keeps results bitwise unchanged) and
+# never under autograd, which it does not support.
+_LOOP_MAX_T = 8
 
-    Equivalent closed form: :math:`y_t = \sum_{s \ge t} \big(\prod_{j=t}^{s-1} a_j\big) b_s
-    + \big(\prod_{j=t}^{T-1} a_j\big) y_T`.
 
-    Args:
-        a, b: ``[..., T]`` floating tensors (same shape, dtype, device).
-        init: ``[...]`` tensor (the batch shape of ``b``).
-        method: ``"reference"`` (one step per time index, vectorised over the batch,
-            differentiable), ``"blocked"`` (fast, see :func:`_scan_blocked`, no gradient) or
-            ``"auto"`` (blocked unless autograd needs a graph through the inputs).
+def _blocked_pays(*xs) -> bool:
+    """Whether a function of this module uses the blocked scan instead of its loop."""
+    ref = xs[0]
+    return ref.shape[-1] > _LOOP_MAX_T and ref.numel() > 0 and not (
+        torch.is_grad_enabled() and any(isinstance(x, Tensor) and x.requires_grad for x in xs))
 
-    Returns: ``y`` with the shape of ``b``.
 
-    Chapter: 02_advantage_gae (the section on computing GAE fast).
-    """
-    V.float_tensor(a, "a")
-    V.float_tensor(b, "b")
-    V.same_layout(b, "b", a, "a")
-    V.float_tensor(init, "init", min_dim=0)
-    V.same_layout(b, "b", init, "init", shape=tuple(b.shape[:-1]))
-    V.choice(method, "method", ("auto", "reference", "blocked"))
-    shape = b.shape
-    T = shape[-1]
-    if T == 0:
-        return b.clone()
-    if method == "auto":
-        return _solve(a, b, init)
-    a2, b2, i2 = a.reshape(-1, T), b.reshape(-1, T), init.reshape(-1)
-    if method == "reference":
-        return _scan_reference(a2, b2, i2).reshape(shape)
-    with torch.no_grad():
-        return _scan_blocked(a2, b2, i2).reshape(shape)
+def _steps(x: FloatOrTensor, like: Tensor) -> Tensor:
+    """A per-step coefficient as a ``[..., T]`` tensor (a float becomes a broadcast view)."""
+    return x if isinstance(x, Tensor) else like.new_tensor(x).expand(like.shape)
 
 
 # ----------------------------------------------------------------------------------------------
-# Argument checks shared by the functions below
-# ----------------------------------------------------------------------------------------------
-
-def _check_rewards(rewards) -> Tensor:
-    return V.float_tensor(rewards, "rewards", min_dim=1)
-
-
-def _check_like(x, name: str, rewards: Tensor) -> Tensor:
-    V.float_tensor(x, name, min_dim=1)
-    return V.same_layout(rewards, "rewards", x, name)
-
-
-def _check_discounts(discounts, rewards: Tensor) -> Tensor:
-    _check_like(discounts, "discounts", rewards)
-    return V.in_unit_interval(discounts, "discounts")
-
-
-# ----------------------------------------------------------------------------------------------
-# Public functions
+# Public functions: each is its recursion, a loop over t vectorised over the batch
 # ----------------------------------------------------------------------------------------------
 
 def discounted_returns(rewards: Tensor, discounts: Tensor, bootstrap: FloatOrTensor) -> Tensor:
@@ -239,38 +182,43 @@ def discounted_returns(rewards: Tensor, discounts: Tensor, bootstrap: FloatOrTen
 
     Args:
         rewards: ``[..., T]`` float tensor.
-        discounts: ``[..., T]``, values in ``[0, 1]``, :math:`\gamma_t = \gamma(1-\text{terminated}_t)`.
-        bootstrap: value of the state after the last step, a tensor of shape ``rewards.shape[:-1]``
-            or a Python number used for every row (pass 0.0 for complete episodes).
+        discounts: ``[..., T]``, values in ``[0, 1]``,
+            :math:`\gamma_t = \gamma(1-\text{terminated}_t)`.
+        bootstrap: value of the state after the last step, a finite tensor of shape
+            ``rewards.shape[:-1]`` or a finite Python number used for every row (pass 0.0 for
+            complete episodes).
 
-    Returns: ``[..., T]`` returns :math:`G_t`.
+    Returns:
+        ``[..., T]`` returns :math:`G_t` (empty if ``T = 0`` or the batch is empty).
 
     Chapter: 01_policy_gradient (reward-to-go for REINFORCE).
     """
-    rewards = _check_rewards(rewards)
-    _check_discounts(discounts, rewards)
-    init = _bootstrap(bootstrap, rewards)
-    return _solve(discounts, rewards, init)     # G_t = r_t + gamma_t G_{t+1}
-
-
-def _bootstrap(bootstrap, rewards: Tensor) -> Tensor:
-    batch = tuple(rewards.shape[:-1])
-    if isinstance(bootstrap, torch.Tensor) and bootstrap.dim() > 0:
-        V.float_tensor(bootstrap, "bootstrap", min_dim=0)
-        return V.same_layout(rewards, "rewards", bootstrap, "bootstrap", shape=batch)
-    x = V.finite_float(bootstrap, "bootstrap")
-    return torch.full(batch, x, dtype=rewards.dtype, device=rewards.device)
+    V.matching_floats(rewards=rewards, discounts=discounts)
+    V.in_unit_interval(discounts, "discounts")
+    G = V.finite_per_row(bootstrap, "bootstrap", rewards, "rewards")     # G_T
+    if _blocked_pays(rewards, discounts, G):
+        return _scan(discounts, rewards, G)
+    returns = torch.zeros_like(rewards)
+    for t in reversed(range(rewards.shape[-1])):
+        G = rewards[..., t] + discounts[..., t] * G
+        returns[..., t] = G
+    return returns
 
 
 def td_errors(rewards: Tensor, values: Tensor, next_values: Tensor, discounts: Tensor) -> Tensor:
     r"""One-step TD errors :math:`\delta_t = r_t + \gamma_t V(s_{t+1}) - V(s_t)`.
 
-    All arguments ``[..., T]``; returns ``[..., T]``. Chapter: 02_advantage_gae.
+    Args:
+        rewards, values, next_values, discounts: ``[..., T]`` float tensors.
+
+    Returns:
+        ``[..., T]``.
+
+    Chapter: 02_advantage_gae.
     """
-    rewards = _check_rewards(rewards)
-    _check_like(values, "values", rewards)
-    _check_like(next_values, "next_values", rewards)
-    _check_discounts(discounts, rewards)
+    V.matching_floats(rewards=rewards, values=values, next_values=next_values,
+                      discounts=discounts)
+    V.in_unit_interval(discounts, "discounts")
     return rewards + discounts * next_values - values
 
 
@@ -289,24 +237,24 @@ def n_step_returns(rewards: Tensor, discounts: Tensor, next_values: Tensor, n: i
     :math:`G^{(0)}_{t+1} = V(s_{t+1})`, applied ``min(n, T)`` times to whole tensors.
 
     Args:
-        rewards, discounts, next_values: ``[..., T]`` (``next_values[..., t]`` = :math:`V(s_{t+1})`).
+        rewards, discounts, next_values: ``[..., T]``
+            (``next_values[..., t]`` = :math:`V(s_{t+1})`).
         n: number of steps, an int ``>= 1``.
 
-    Returns: ``[..., T]``.
+    Returns:
+        ``[..., T]``.
 
     Chapter: Part III, "n-step and TD(lambda) for long text".
     """
-    rewards = _check_rewards(rewards)
-    _check_discounts(discounts, rewards)
-    _check_like(next_values, "next_values", rewards)
+    V.matching_floats(rewards=rewards, discounts=discounts, next_values=next_values)
+    V.in_unit_interval(discounts, "discounts")
     n = V.positive_int(n, "n")
-    T = rewards.shape[-1]
     # h[..., t] holds G^{(k-1)}_{t+1}: the (k-1)-step return starting at t+1, with the
     # convention that a window starting past the end is next_values[..., T-1].
     h = next_values
-    g = h
+    g = next_values.clone()
     last = next_values[..., -1:]
-    for _ in range(min(n, T)):
+    for _ in range(min(n, rewards.shape[-1])):
         g = rewards + discounts * h
         h = torch.cat([g[..., 1:], last], dim=-1)
     return g
@@ -329,26 +277,28 @@ def lambda_returns(rewards: Tensor, discounts: Tensor, next_values: Tensor,
         rewards, discounts, next_values: ``[..., T]``.
         lam: a float in ``[0, 1]`` or a ``[..., T]`` tensor with values in ``[0, 1]``.
 
-    Returns: ``[..., T]``.
+    Returns:
+        ``[..., T]``.
 
     Chapter: 02_advantage_gae, and Part III for long text.
     """
-    rewards = _check_rewards(rewards)
-    _check_discounts(discounts, rewards)
-    _check_like(next_values, "next_values", rewards)
+    V.matching_floats(rewards=rewards, discounts=discounts, next_values=next_values)
+    V.in_unit_interval(discounts, "discounts")
     lam = V.scalar_or_like(lam, "lam", rewards, "rewards")
-    init = next_values[..., -1]
-    # G_t = [r_t + gamma_t (1 - lam_t) V(s_{t+1})] + (gamma_t lam_t) G_{t+1}
-    if isinstance(lam, float):
-        b = torch.addcmul(rewards, discounts, next_values, value=1.0 - lam)
-        return _solve(discounts, b, init, a_scale=lam, out=b)
-    a = discounts * lam
-    b = rewards + (discounts - a) * next_values     # r + gamma (1 - lam) V(s_{t+1})
-    return _solve(a, b, init, out=b)
+    if _blocked_pays(rewards, discounts, next_values, lam):
+        return _lambda_returns_blocked(rewards, discounts, next_values, lam)
+    lam, T = _steps(lam, rewards), rewards.shape[-1]
+    returns = torch.zeros_like(rewards)
+    G = next_values[..., T - 1] if T else None                     # G_T = V(s_T)
+    for t in reversed(range(T)):
+        G = rewards[..., t] + discounts[..., t] * (
+            (1 - lam[..., t]) * next_values[..., t] + lam[..., t] * G)
+        returns[..., t] = G
+    return returns
 
 
 def gae(rewards: Tensor, values: Tensor, next_values: Tensor, discounts: Tensor,
-        lam: FloatOrTensor) -> Tuple[Tensor, Tensor]:
+        lam: FloatOrTensor) -> tuple[Tensor, Tensor]:
     r"""Generalised advantage estimation (Schulman et al., 2016).
 
     .. math::  \delta_t = r_t + \gamma_t V(s_{t+1}) - V(s_t), \qquad
@@ -366,28 +316,31 @@ def gae(rewards: Tensor, values: Tensor, next_values: Tensor, discounts: Tensor,
         rewards, values, next_values, discounts: ``[..., T]`` float tensors, one dtype and device.
         lam: a float in ``[0, 1]`` or a ``[..., T]`` tensor (0 where the trace must stop).
 
-    Returns: ``(advantages, returns)``, both ``[..., T]``.
+    Returns:
+        ``(advantages, returns)``, both ``[..., T]``. Gradients flow through all inputs (use
+        ``torch.no_grad()`` or detached values as usual).
 
-    Gradients flow through all inputs (use ``torch.no_grad()`` or detached values as usual).
     Chapter: 02_advantage_gae.
     """
-    rewards = _check_rewards(rewards)
-    _check_like(values, "values", rewards)
-    _check_like(next_values, "next_values", rewards)
-    _check_discounts(discounts, rewards)
+    V.matching_floats(rewards=rewards, values=values, next_values=next_values,
+                      discounts=discounts)
+    V.in_unit_interval(discounts, "discounts")
     lam = V.scalar_or_like(lam, "lam", rewards, "rewards")
-    delta = torch.addcmul(rewards, discounts, next_values).sub_(values)   # TD errors
-    zero = delta.new_zeros(delta.shape[:-1])
-    # A_t = delta_t + (gamma_t lam_t) A_{t+1}, A_T = 0, solved backwards in time (in place)
-    if isinstance(lam, float):
-        adv = _solve(discounts, delta, zero, a_scale=lam, out=delta)
-    else:
-        adv = _solve(discounts * lam, delta, zero, out=delta)
-    return adv, adv + values
+    if _blocked_pays(rewards, values, next_values, discounts, lam):   # same numbers, faster
+        advantages = _gae_blocked(rewards, values, next_values, discounts, lam)
+        return advantages, advantages + values
+    lam = _steps(lam, rewards)
+    advantages = torch.zeros_like(rewards)
+    A = rewards.new_zeros(rewards.shape[:-1])                      # A_T = 0
+    for t in reversed(range(rewards.shape[-1])):                   # t = T-1, ..., 0
+        delta = rewards[..., t] + discounts[..., t] * next_values[..., t] - values[..., t]
+        A = delta + discounts[..., t] * lam[..., t] * A            # A_t from A_{t+1}
+        advantages[..., t] = A
+    return advantages, advantages + values
 
 
 def from_gymnasium(terminated, truncated, gamma: float,
-                   dtype: torch.dtype = None) -> Tuple[Tensor, Tensor]:
+                   dtype: torch.dtype = None) -> tuple[Tensor, Tensor]:
     r"""Turn gymnasium's ``terminated`` / ``truncated`` flags into ``(discounts, lam_mask)``.
 
     .. math::  \gamma_t = \gamma\,(1 - \text{terminated}_t), \qquad
@@ -412,43 +365,40 @@ def from_gymnasium(terminated, truncated, gamma: float,
         gamma: discount factor in ``[0, 1]``.
         dtype: floating dtype of the outputs (default: ``torch.get_default_dtype()``).
 
-    Returns: ``(discounts, lam_mask)``, two ``[..., T]`` float tensors on the flags' device.
+    Returns:
+        ``(discounts, lam_mask)``, two ``[..., T]`` float tensors on the flags' device.
 
     Chapter: 02_advantage_gae (the section on truncation and autoreset).
     """
     gamma = V.finite_float(gamma, "gamma", 0.0, 1.0)
-    term = _flags(terminated, "terminated")
-    trunc = _flags(truncated, "truncated")
-    if term.shape != trunc.shape:
-        raise ValueError(f"truncated has shape {tuple(trunc.shape)} but terminated has shape "
-                         f"{tuple(term.shape)}; they must match")
-    if term.device != trunc.device:
-        raise ValueError(f"truncated is on {trunc.device} but terminated is on {term.device}")
-    dtype = torch.get_default_dtype() if dtype is None else dtype
-    if not dtype.is_floating_point:
-        raise TypeError(f"dtype must be a floating dtype, got {dtype}")
+    term = V.bool_flags(terminated, "terminated")
+    trunc = V.same_layout(term, "terminated", V.bool_flags(truncated, "truncated"), "truncated")
+    dtype = V.floating_dtype(torch.get_default_dtype() if dtype is None else dtype, "dtype")
     discounts = (~term).to(dtype) * gamma
     lam_mask = (~trunc).to(dtype)
     return discounts, lam_mask
 
 
-def _flags(x, name: str) -> Tensor:
-    if not isinstance(x, torch.Tensor):
-        try:
-            import numpy as np
-            if isinstance(x, np.ndarray):
-                x = torch.from_numpy(x)
-        except ImportError:  # pragma: no cover
-            pass
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a bool torch.Tensor or numpy array, "
-                        f"got {type(x).__name__}")
-    if x.dim() < 1:
-        raise ValueError(f"{name} must have at least one dimension (time), got a scalar")
-    if x.dtype == torch.bool:
-        return x
-    if torch.is_floating_point(x) or x.is_complex():
-        raise TypeError(f"{name} must be bool (or 0/1 integers), got {x.dtype}")
-    if x.numel() and not bool(((x == 0) | (x == 1)).all()):
-        raise ValueError(f"{name} must hold only 0/1 or True/False")
-    return x.bool()
+# ----------------------------------------------------------------------------------------------
+# Fast paths: the same recursions, vectorised in time by the blocked scan (no autograd). Written
+# with few full-size temporaries: on a CPU each fresh one costs page faults.
+# ----------------------------------------------------------------------------------------------
+
+def _lambda_returns_blocked(rewards, discounts, next_values, lam) -> Tensor:
+    # G_t = [r_t + gamma_t (1 - lam_t) V(s_{t+1})] + (gamma_t lam_t) G_{t+1}, G_T = V(s_T)
+    init = next_values[..., -1]
+    if isinstance(lam, float):
+        b = torch.addcmul(rewards, discounts, next_values, value=1.0 - lam)
+        return _scan(discounts, b, init, a_scale=lam, out=b)
+    a = discounts * lam
+    b = rewards + (discounts - a) * next_values
+    return _scan(a, b, init, out=b)
+
+
+def _gae_blocked(rewards, values, next_values, discounts, lam) -> Tensor:
+    # A_t = delta_t + (gamma_t lam_t) A_{t+1}, A_T = 0 (solved in place of delta)
+    delta = torch.addcmul(rewards, discounts, next_values).sub_(values)
+    zero = delta.new_zeros(delta.shape[:-1])
+    if isinstance(lam, float):
+        return _scan(discounts, delta, zero, a_scale=lam, out=delta)
+    return _scan(discounts * lam, delta, zero, out=delta)

@@ -15,7 +15,7 @@ Chapter: 04_kl_trpo_ppo.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterable, List, Sequence, Tuple
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
@@ -38,36 +38,34 @@ def conjugate_gradient(Avp: Callable[[Tensor], Tensor], b: Tensor, iters: int = 
                p_{k+1} = r_{k+1} + \frac{r_{k+1}^\top r_{k+1}}{r_k^\top r_k}\, p_k .
 
     Exact after :math:`n` steps in exact arithmetic for an :math:`n\times n` matrix; TRPO uses
-    about 10. Stops early when :math:`r^\top r <` ``tol``.
+    about 10. Stops early when :math:`r^\top r \le` ``tol`` (at once for ``b = 0``, so an empty
+    or zero right-hand side gives ``x = 0`` without calling ``Avp``).
 
     Args:
         Avp: function ``v -> A v`` (a tensor of ``b``'s shape).
         b: right-hand side, a float tensor (usually a flat ``[n]`` vector).
         iters: maximum number of iterations ``>= 1``.
-        tol: threshold on the squared residual norm, ``>= 0``.
+        tol: threshold on the squared residual norm, finite and ``>= 0``.
 
-    Returns: ``x`` with ``b``'s shape (no graph).
+    Returns:
+        ``x`` with ``b``'s shape (no graph).
 
     Chapter: 04_kl_trpo_ppo.
     """
-    if not callable(Avp):
-        raise TypeError(f"Avp must be a callable v -> A v, got {type(Avp).__name__}")
+    V.is_callable(Avp, "Avp")
     V.float_tensor(b, "b", min_dim=1)
     iters = V.positive_int(iters, "iters")
-    tol = V.finite_float(tol, "tol", 0.0)
+    tol = V.real_in(tol, "tol", 0.0)
     b = b.detach()
     x = torch.zeros_like(b)
     r = b.clone()
     p = b.clone()
     rr = (r * r).sum()
     for _ in range(iters):
-        if float(rr) < tol:
+        if float(rr) <= tol:
             break
-        Ap = Avp(p)
-        if not isinstance(Ap, torch.Tensor) or Ap.shape != b.shape:
-            raise ValueError(f"Avp must return a tensor of shape {tuple(b.shape)}, "
-                             f"got {getattr(Ap, 'shape', type(Ap).__name__)}")
-        Ap = Ap.detach()
+        Ap = V.exact_shape(V.instance_of(Avp(p), "Avp(v)", torch.Tensor), "Avp(v)",
+                           b.shape).detach()
         pAp = (p * Ap).sum()
         if float(pAp) <= 0:
             raise ValueError(f"Avp is not positive definite along a CG direction (p^T A p = "
@@ -109,26 +107,20 @@ def fisher_vector_product(kl_fn: Callable[[], Tensor], params: Iterable[Tensor],
         kl_fn: zero-argument callable returning a 0-dim KL tensor.
         params: the parameters (tensors with ``requires_grad``), e.g. ``list(policy.parameters())``.
         v: flat ``[n]`` vector, ``n`` = total number of parameters.
-        damping: ``>= 0``.
+        damping: finite, ``>= 0``.
 
-    Returns: flat ``[n]`` tensor (no graph).
+    Returns:
+        A flat ``[n]`` tensor (no graph).
 
     Chapter: 04_kl_trpo_ppo.
     """
-    if not callable(kl_fn):
-        raise TypeError(f"kl_fn must be a zero-argument callable, got {type(kl_fn).__name__}")
-    params = list(params)
-    if not params or not all(isinstance(p, torch.Tensor) and p.requires_grad for p in params):
-        raise ValueError("params must be a non-empty list of tensors with requires_grad=True")
+    V.is_callable(kl_fn, "kl_fn")
+    params = V.trainable_params(params, "params")
     V.float_tensor(v, "v", min_dim=1)
-    n = sum(p.numel() for p in params)
-    if v.dim() != 1 or v.numel() != n:
-        raise ValueError(f"v must be a flat vector of {n} numbers (all parameters), "
-                         f"got shape {tuple(v.shape)}")
-    damping = V.finite_float(damping, "damping", 0.0)
-    kl = kl_fn()
-    if not isinstance(kl, torch.Tensor) or kl.numel() != 1:
-        raise ValueError("kl_fn must return a scalar tensor")
+    V.exact_shape(v, "v", (sum(p.numel() for p in params),), "[number of parameters]")
+    damping = V.real_in(damping, "damping", 0.0)
+    kl = V.instance_of(kl_fn(), "kl_fn()", torch.Tensor)
+    V.exact_shape(kl.reshape(-1), "kl_fn() (flattened)", (1,), "one number")
     g = flat_grad(kl.reshape(()), params, create_graph=True)
     gv = (g * v.detach().to(g.dtype)).sum()
     if not gv.requires_grad:   # KL does not depend on params at second order
@@ -137,11 +129,11 @@ def fisher_vector_product(kl_fn: Callable[[], Tensor], params: Iterable[Tensor],
     return hv.detach() + damping * v.detach()
 
 
-def backtracking_line_search(evaluate: Callable[[Tensor], Tuple[float, float]],
+def backtracking_line_search(evaluate: Callable[[Tensor], tuple[float, float]],
                              full_step: Tensor, max_constraint: float,
                              expected_improvement: float = None, backtrack_ratio: float = 0.5,
                              max_backtracks: int = 10, accept_ratio: float = 0.1
-                             ) -> Tuple[bool, float, Dict]:
+                             ) -> tuple[bool, float, dict]:
     r"""Shrink a proposed step until it satisfies the constraint and improves the objective.
 
     Tries the fractions :math:`f = \beta^k`, :math:`k = 0, 1, \dots,` ``max_backtracks - 1``
@@ -164,24 +156,22 @@ def backtracking_line_search(evaluate: Callable[[Tensor], Tuple[float, float]],
         backtrack_ratio: :math:`\beta \in (0, 1)`. max_backtracks: ``>= 1``.
         accept_ratio: in ``[0, 1]``.
 
-    Returns: ``(accepted, step_fraction, info)``: apply ``step_fraction * full_step`` if
-    ``accepted`` (``step_fraction`` is 0.0 otherwise); ``info`` has ``loss_before``, ``loss``,
-    ``constraint``, ``improvement``, ``n_evals`` and ``history`` (a list of
-    ``(fraction, loss, constraint)``).
+    Returns:
+        ``(accepted, step_fraction, info)``: apply ``step_fraction * full_step`` if
+        ``accepted`` (``step_fraction`` is 0.0 otherwise); ``info`` has ``loss_before``,
+        ``loss``, ``constraint``, ``improvement``, ``n_evals`` and ``history`` (a list of
+        ``(fraction, loss, constraint)``).
 
     Chapter: 04_kl_trpo_ppo.
     """
-    if not callable(evaluate):
-        raise TypeError("evaluate must be a callable step -> (loss, constraint)")
+    V.is_callable(evaluate, "evaluate")
     V.float_tensor(full_step, "full_step", min_dim=1)
-    max_constraint = V.finite_float(max_constraint, "max_constraint", 0.0)
+    max_constraint = V.real_in(max_constraint, "max_constraint", 0.0)
     if expected_improvement is not None:
-        expected_improvement = V.finite_float(expected_improvement, "expected_improvement")
-    beta = V.finite_float(backtrack_ratio, "backtrack_ratio", 0.0, 1.0, lo_open=True)
-    if beta >= 1.0:
-        raise ValueError(f"backtrack_ratio must lie in (0, 1), got {beta}")
+        expected_improvement = V.real_in(expected_improvement, "expected_improvement")
+    beta = V.real_in(backtrack_ratio, "backtrack_ratio", 0.0, 1.0, lo_open=True, hi_open=True)
     max_backtracks = V.positive_int(max_backtracks, "max_backtracks")
-    accept_ratio = V.finite_float(accept_ratio, "accept_ratio", 0.0, 1.0)
+    accept_ratio = V.real_in(accept_ratio, "accept_ratio", 0.0, 1.0)
 
     def ev(step):
         loss, con = evaluate(step)
@@ -189,7 +179,7 @@ def backtracking_line_search(evaluate: Callable[[Tensor], Tuple[float, float]],
 
     step = full_step.detach()
     loss0, _ = ev(torch.zeros_like(step))
-    history: List[Tuple[float, float, float]] = []
+    history: list[tuple[float, float, float]] = []
     info = {"loss_before": loss0, "loss": loss0, "constraint": 0.0, "improvement": 0.0,
             "n_evals": 1, "history": history}
     frac = 1.0

@@ -4,10 +4,10 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from rlkit.divergences import (entropy_categorical, kl_categorical, kl_k1, kl_k2, kl_k3,
-                               tv_categorical)
+from rlkit.divergences import entropy_categorical, kl_categorical, kl_k1, kl_k2, kl_k3, tv_categorical
 
 torch.set_num_threads(1)
 SET = settings(max_examples=40, deadline=None)
@@ -153,3 +153,38 @@ def test_validation_names_arguments():
         tv_categorical(torch.zeros(2, 3), torch.zeros(2, 3, dtype=D64))
     with pytest.raises(ValueError, match="logits"):
         entropy_categorical(torch.tensor(1.0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_estimators_finite_at_plus_minus_50_values_and_gradients(dtype):
+    lp = torch.tensor([-50.0, 50.0, 0.0, -50.0, 39.0], dtype=dtype, requires_grad=True)
+    lq = torch.tensor([50.0, -50.0, 0.0, 39.0, -50.0], dtype=dtype, requires_grad=True)
+    for est in (kl_k1, kl_k2, kl_k3):
+        v = est(lp, lq)
+        assert torch.isfinite(v).all() and v.dtype == dtype, est.__name__
+        gp, gq = torch.autograd.grad(v.float().sum(), (lp, lq))
+        assert torch.isfinite(gp).all() and torch.isfinite(gq).all(), est.__name__
+    assert (kl_k3(lp, lq) >= 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_k3_saturates_above_the_dtype_range_and_is_exact_below(dtype):
+    lim = math.log(torch.finfo(dtype).max) - 1.0
+    ells = [0.5 * lim, lim, lim + 1.0, 2 * lim]
+    got = kl_k3(torch.zeros(4, dtype=dtype), torch.tensor(ells, dtype=dtype))
+    want = [math.expm1(min(x, lim)) - min(x, lim) for x in ells]
+    assert torch.allclose(got.double(), torch.tensor(want, dtype=D64), rtol=1e-2)
+    assert got[2] == got[1] and got[3] == got[1]
+
+
+def test_categorical_edges():
+    with pytest.raises(ValueError, match="logits_p"):
+        kl_categorical(torch.zeros(3, 0), torch.zeros(3, 0))
+    with pytest.raises(ValueError, match="logits_p"):
+        tv_categorical(torch.zeros(0), torch.zeros(0))
+    with pytest.raises(ValueError, match="logits"):
+        entropy_categorical(torch.zeros(2, 0))
+    for fn in (kl_categorical, tv_categorical):
+        assert fn(torch.zeros(0, 4), torch.zeros(0, 4)).shape == (0,)
+    assert entropy_categorical(torch.zeros(0, 3, 4)).shape == (0, 3)
+    assert kl_k3(torch.zeros(0, 3), torch.zeros(0, 3)).shape == (0, 3)

@@ -4,10 +4,10 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from rlkit.offpolicy import (importance_ratio, off_policy_q_returns, retrace,
-                             trace_coefficients, tree_backup, vtrace)
+from rlkit.offpolicy import importance_ratio, off_policy_q_returns, retrace, trace_coefficients, tree_backup, vtrace
 from rlkit.returns import discounted_returns, from_gymnasium, lambda_returns
 
 torch.set_num_threads(1)
@@ -288,3 +288,105 @@ def test_validation_names_arguments():
         importance_ratio(lr, lr, level="seq")
     with pytest.raises(ValueError, match="logp_old"):
         importance_ratio(lr, lr.float())
+
+
+# ----------------------------------------------------------------------------------------------
+# edges: caller's names, empty inputs, huge log-ratios, fast path == loop
+# ----------------------------------------------------------------------------------------------
+
+def test_retrace_and_tree_backup_name_the_callers_arguments():
+    r, v, nv, d, lr = rand_steps(2, 5, 9)
+    for fn, name in ((retrace, "log_rhos"), (tree_backup, "logp_target")):
+        for bad in (lr[:, :3], lr.float(), lr.long()):
+            with pytest.raises((ValueError, TypeError)) as err:
+                fn(bad, r, v, nv, d)
+            assert name in str(err.value) and "traces" not in str(err.value)
+    with pytest.raises(ValueError, match="q_taken"):
+        tree_backup(lr, r, v[:, :2], nv, d)
+
+
+@pytest.mark.parametrize("shape", [(0, 5), (3, 0), (0, 0), (0,)])
+def test_empty_batches_and_sequences(shape):
+    z = torch.zeros(shape, dtype=D64)
+    d = torch.full(shape, 0.9, dtype=D64)
+    vs, pg = vtrace(z, z, z, z, d)
+    assert vs.shape == shape and pg.shape == shape
+    assert vtrace(z, z, z, z, d, lam=d)[0].shape == shape
+    assert retrace(z, z, z, z, d).shape == shape
+    assert tree_backup(z, z, z, z, d).shape == shape
+    assert off_policy_q_returns(z, z, z, z, d, d).shape == shape
+    m = torch.zeros(shape, dtype=torch.bool)
+    assert importance_ratio(z, z, m).shape == shape
+    for level in ("sequence", "geometric"):
+        out = importance_ratio(z, z, m, level=level)
+        assert out.shape == shape[:-1] and torch.equal(out, torch.ones(shape[:-1], dtype=D64))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_importance_ratio_saturates_instead_of_overflowing(dtype):
+    lim = torch.tensor(math.log(torch.finfo(dtype).max) - 1.0, dtype=dtype).item()  # as held
+    new = torch.tensor([[100.0, 50.0, -50.0, 0.0, 5.0]], dtype=dtype, requires_grad=True)
+    old = torch.zeros(1, 5, dtype=dtype)
+    r = importance_ratio(new, old)
+    assert torch.isfinite(r).all()
+    (g,) = torch.autograd.grad(r.float().sum(), new)
+    assert torch.isfinite(g).all()
+    want = [math.exp(min(x, lim)) for x in (100.0, 50.0, -50.0, 0.0, 5.0)]
+    assert torch.allclose(r.double(), torch.tensor([want], dtype=D64), rtol=2e-2)
+    assert g[0, 0] == 0.0                       # above the dtype's range: saturated, like a clip
+    seq = importance_ratio(new, old, level="sequence")
+    assert torch.isfinite(seq).all()
+
+
+def test_masked_padding_with_nan_and_inf_never_leaks():
+    new = torch.tensor([[0.1, float("nan"), float("inf")], [-0.2, 0.3, -float("inf")]],
+                       requires_grad=True)
+    old = torch.tensor([[0.0, float("inf"), float("nan")], [0.1, 0.0, 0.0]])
+    m = torch.tensor([[True, False, False], [True, True, False]])
+    for level in ("token", "sequence", "geometric"):
+        for log in (False, True):
+            out = importance_ratio(new, old, m, level=level, log=log)
+            assert torch.isfinite(out).all()
+            (g,) = torch.autograd.grad(out.sum(), new)
+            assert torch.isfinite(g).all() and (g[~m] == 0).all()
+    seq = importance_ratio(new, old, m, level="sequence", log=True)
+    assert torch.allclose(seq, torch.tensor([0.1, -0.3 + 0.3]))
+
+
+def test_vtrace_and_retrace_finite_for_overflowing_log_rhos():
+    r, v, nv, d, _ = rand_steps(2, 12, 10)
+    for dtype in (torch.float32, torch.bfloat16):
+        lr = torch.tensor([[100.0, -100.0, float("inf"), 89.0] * 3] * 2, dtype=dtype)
+        args = [x.to(dtype) for x in (r, v, nv, d)]
+        vs, pg = vtrace(lr, *args)
+        assert torch.isfinite(vs).all() and torch.isfinite(pg).all()
+        assert torch.isfinite(retrace(lr, *args)).all()
+        assert torch.isfinite(trace_coefficients("is", log_rhos=lr)).all()
+
+
+@pytest.mark.parametrize("T", [9, 40, 200])
+def test_fast_path_equals_readable_loop(T, monkeypatch):
+    from rlkit import returns as R
+    r, v, nv, d, lr = rand_steps(3, T, T)
+    lam = torch.rand(3, T, dtype=D64)
+    lam[:, T // 2] = 0.0
+    c = trace_coefficients("retrace", log_rhos=lr)
+    calls = [lambda: vtrace(lr, r, v, nv, d, 1.5, 0.8, 0.9), lambda: vtrace(lr, r, v, nv, d, lam=lam),
+             lambda: (off_policy_q_returns(c, r, v, nv, d, lam),),
+             lambda: (off_policy_q_returns(c, r, v, nv, d, 0.7),)]
+    fast = [f() for f in calls]
+    monkeypatch.setattr(R, "_LOOP_MAX_T", 10 ** 9)
+    loop = [f() for f in calls]
+    for a, b in zip(fast, loop):
+        for x, y in zip(a, b):
+            assert torch.allclose(x, y, atol=1e-10)
+
+
+def test_non_finite_clips_and_traces_refused():
+    r, v, nv, d, lr = rand_steps(2, 5, 11)
+    with pytest.raises(ValueError, match="clip_c"):
+        vtrace(lr, r, v, nv, d, clip_c=float("inf"))
+    with pytest.raises(ValueError, match="clip_rho"):
+        vtrace(lr, r, v, nv, d, clip_rho=float("nan"))
+    with pytest.raises(ValueError, match="traces"):
+        off_policy_q_returns(lr * float("nan"), r, v, nv, d)

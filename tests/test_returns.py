@@ -8,11 +8,11 @@ numbers, and identities between the functions. None of them calls the code under
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rlkit import returns as R
-from rlkit.returns import (discounted_returns, from_gymnasium, gae, lambda_returns,
-                           linear_recurrence, n_step_returns, td_errors)
+from rlkit.returns import discounted_returns, from_gymnasium, gae, lambda_returns, n_step_returns, td_errors
 
 torch.set_num_threads(1)
 SET = settings(max_examples=40, deadline=None)
@@ -313,27 +313,72 @@ def test_truncation_bootstraps_from_final_observation():
 # fast path == reference path; layout; dtype
 # ----------------------------------------------------------------------------------------------
 
+def loop_recurrence(a, b, init):
+    """y_t = b_t + a_t y_{t+1}, y_T = init, one row at a time on Python floats."""
+    out = []
+    for ar, br, y in zip(a.tolist(), b.tolist(), init.tolist()):
+        row = [0.0] * len(br)
+        for t in range(len(br) - 1, -1, -1):
+            y = br[t] + ar[t] * y
+            row[t] = y
+        out.append(row)
+    return torch.tensor(out, dtype=b.dtype).reshape(b.shape)
+
+
 @pytest.mark.parametrize("N,T", [(1, 1), (3, 2), (4, 17), (2, 64), (5, 100), (1, 1000), (3, 257)])
-def test_blocked_scan_matches_reference(N, T):
+def test_blocked_scan_matches_loop(N, T):
     g = torch.Generator().manual_seed(N * 1000 + T)
     a = torch.rand(N, T, generator=g, dtype=D64)
     a[torch.rand(N, T, generator=g) < 0.1] = 0.0
     b = torch.randn(N, T, generator=g, dtype=D64)
     init = torch.randn(N, generator=g, dtype=D64)
-    ref = linear_recurrence(a, b, init, method="reference")
+    ref = loop_recurrence(a, b, init)
     for block in (0, 1, 3, 8, 33):
         fast = R._scan_blocked(a, b, init, block=block)
         assert torch.allclose(fast, ref, atol=1e-10), block
-    assert torch.allclose(linear_recurrence(a, b, init, method="blocked"), ref, atol=1e-10)
+    assert torch.allclose(R._scan(a, b, init, a_scale=0.5), loop_recurrence(0.5 * a, b, init),
+                          atol=1e-10)
 
 
 def test_blocked_scan_float32_long():
     g = torch.Generator().manual_seed(0)
     a = 0.99 * torch.ones(8, 3000)
     b = torch.randn(8, 3000, generator=g)
-    ref = linear_recurrence(a.double(), b.double(), torch.zeros(8, dtype=D64), "reference")
-    fast = linear_recurrence(a, b, torch.zeros(8), "blocked")
+    ref = loop_recurrence(a.double(), b.double(), torch.zeros(8, dtype=D64))
+    fast = R._scan_blocked(a, b, torch.zeros(8))
     assert torch.allclose(fast.double(), ref, atol=1e-4)
+
+
+def _fast_and_loop(fn, monkeypatch):
+    fast = fn()
+    monkeypatch.setattr(R, "_LOOP_MAX_T", 10 ** 9)
+    loop = fn()
+    monkeypatch.undo()
+    return fast, loop
+
+
+@pytest.mark.parametrize("T", [9, 64, 300])
+@pytest.mark.parametrize("per_step_lam", [False, True])
+def test_fast_path_equals_readable_loop(T, per_step_lam, monkeypatch):
+    """The blocked scan the functions use without autograd gives the loops' numbers."""
+    r, v, nv, d = _rand((3, T), T)
+    lam = torch.rand(3, T, dtype=D64) if per_step_lam else 0.9
+    assert R._blocked_pays(r, v, nv, d, lam)
+    for fn in (lambda: gae(r, v, nv, d, lam), lambda: (lambda_returns(r, d, nv, lam),),
+               lambda: (discounted_returns(r, d, nv[..., -1]),)):
+        fast, loop = _fast_and_loop(fn, monkeypatch)
+        for x, y in zip(fast, loop):
+            assert torch.allclose(x, y, atol=1e-10)
+
+
+def test_loop_is_used_with_autograd_and_short_segments():
+    r, v, nv, d = _rand((3, 50), 1)
+    assert R._blocked_pays(r, v, nv, d, 0.9)
+    assert not R._blocked_pays(r, v.requires_grad_(), nv, d, 0.9)
+    assert not R._blocked_pays(r[:, :R._LOOP_MAX_T], d[:, :R._LOOP_MAX_T])
+    assert not R._blocked_pays(r[:0], d[:0])
+    with torch.no_grad():
+        assert R._blocked_pays(r, v, nv, d, 0.9)
 
 
 def test_results_identical_whatever_the_batch_layout():
@@ -406,6 +451,19 @@ def test_gradients_flow_and_gradcheck():
     assert torch.autograd.gradcheck(f, (v, nv))
     f2 = lambda nv: lambda_returns(r, d, nv, 0.7)
     assert torch.autograd.gradcheck(f2, (nv,))
+    f3 = lambda r: discounted_returns(r, d, 1.5)
+    assert torch.autograd.gradcheck(f3, (r.clone().requires_grad_(),))
+
+
+def test_gradient_matches_closed_form_on_long_segments():
+    """d A_0 / d V(s_{t+1}) = (gamma lam)^t gamma (the weight of delta_t), through the loop."""
+    T, gamma, lam = 40, 0.9, 0.8
+    r, v = torch.zeros(1, T, dtype=D64), torch.zeros(1, T, dtype=D64)
+    nv = torch.zeros(1, T, dtype=D64, requires_grad=True)
+    adv, _ = gae(r, v, nv, torch.full((1, T), gamma, dtype=D64), lam)
+    (g,) = torch.autograd.grad(adv[0, 0], nv)
+    want = torch.tensor([[(gamma * lam) ** t * gamma for t in range(T)]], dtype=D64)
+    assert torch.allclose(g, want, atol=1e-14)
 
 
 def test_large_values_stay_finite():
@@ -475,3 +533,32 @@ def test_types_checked():
         gae(r, v, nv, d, torch.ones(2, 3, dtype=torch.int64))
     with pytest.raises(ValueError, match="rewards"):
         gae(torch.tensor(1.0), torch.tensor(1.0), torch.tensor(1.0), torch.tensor(1.0), 0.9)
+
+
+# ----------------------------------------------------------------------------------------------
+# edges: empty batches and sequences, non-finite bootstraps
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape", [(0, 5), (3, 0), (0, 0), (0,), (2, 0, 4)])
+def test_empty_batches_and_sequences_give_empty_results(shape):
+    z = torch.zeros(shape)
+    d = torch.full(shape, 0.9)
+    adv, ret = gae(z, z, z, d, 0.9)
+    assert adv.shape == shape and ret.shape == shape
+    assert gae(z, z, z, d, d)[0].shape == shape
+    assert lambda_returns(z, d, z, 0.5).shape == shape
+    assert discounted_returns(z, d, 0.0).shape == shape
+    assert n_step_returns(z, d, z, 3).shape == shape
+    assert td_errors(z, z, z, d).shape == shape
+    dd, lm = from_gymnasium(torch.zeros(shape, dtype=torch.bool),
+                            torch.zeros(shape, dtype=torch.bool), 0.9)
+    assert dd.shape == shape and lm.shape == shape
+
+
+@pytest.mark.parametrize("bad", [float("inf"), -float("inf"), float("nan")])
+def test_non_finite_bootstrap_refused(bad):
+    r, _, _, d = _ok()
+    with pytest.raises(ValueError, match="bootstrap"):
+        discounted_returns(r, d, bad)
+    with pytest.raises(ValueError, match="bootstrap"):
+        discounted_returns(r, d, torch.tensor([0.0, bad]))

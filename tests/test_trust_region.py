@@ -4,8 +4,7 @@ import math
 import pytest
 import torch
 
-from rlkit.trust_region import (backtracking_line_search, conjugate_gradient,
-                                fisher_vector_product, flat_grad)
+from rlkit.trust_region import backtracking_line_search, conjugate_gradient, fisher_vector_product, flat_grad
 
 torch.set_num_threads(1)
 D64 = torch.float64
@@ -168,3 +167,12 @@ def test_trpo_step_on_a_tiny_policy_respects_the_kl_bound():
     ok, frac, info = backtracking_line_search(evaluate, full, delta,
                                               expected_improvement=float(gvec @ full))
     assert ok and info["constraint"] <= delta and info["improvement"] > 0
+
+
+def test_cg_empty_and_zero_right_hand_side():
+    calls = []
+    avp = lambda v: (calls.append(1), 2 * v)[1]
+    x = conjugate_gradient(avp, torch.zeros(0), tol=0.0)
+    assert x.shape == (0,)
+    x = conjugate_gradient(avp, torch.zeros(3), tol=0.0)
+    assert torch.equal(x, torch.zeros(3)) and not calls
