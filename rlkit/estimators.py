@@ -17,8 +17,8 @@ finite answers.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 from torch import nn
@@ -41,53 +41,65 @@ __all__ = [
 # Importance weights
 # ------------------------------------------------------------------------------------------------
 
-def effective_sample_size(log_weights: Optional[Tensor] = None, *, weights: Optional[Tensor] = None,
-                          dim: int = -1) -> Tensor:
-    r"""Kish's effective sample size of importance weights.
+def effective_sample_size(log_weights: Tensor | None = None, *, weights: Tensor | None = None,
+                          mask: Tensor | None = None, dim: int | None = -1,
+                          share: bool = False) -> Tensor:
+    r"""Kish's effective sample size of importance weights: a COUNT, or with ``share=True`` a SHARE of n.
 
     .. math::  \mathrm{ESS} = \frac{\big(\sum_{i=1}^n w_i\big)^2}{\sum_{i=1}^n w_i^2}
                = \exp\Big(2\,\operatorname{LSE}_i(\ell_i) - \operatorname{LSE}_i(2\ell_i)\Big),
                \qquad \ell_i = \log w_i ,
 
     computed in log space (the right-hand form), so it is finite for log-weights of any size and
-    unchanged when every weight is multiplied by the same constant. It lies in :math:`[1, n]`:
-    :math:`n` for equal weights, 1 when one weight dominates. For large :math:`n`,
+    unchanged when every weight is multiplied by the same constant. The count lies in
+    :math:`[1, n]`: :math:`n` for equal weights, 1 when one weight dominates. ``share=True``
+    returns :math:`\mathrm{ESS}/n \in [1/n, 1]` instead (chapter 13 monitors the share of a
+    stale batch that still counts after the :math:`\rho_k` correction). For large :math:`n`,
     :math:`\mathrm{ESS}/n \to 1 / \mathbb E_q[w^2] = 1/(1 + \chi^2(p\|q))` when the weights have
-    mean 1 (chapter 3). All-zero weights give 0.
+    mean 1 (chapter 3).
+
+    No sample (an empty ``dim``, an all-false mask, or all weights 0) gives 0, count and share alike.
 
     Args:
         log_weights: ``[..., n, ...]`` floating tensor of log-weights (``-inf`` = weight 0; ``+inf``
-            and NaN are rejected). Give either this or ``weights``.
-        weights: the same as plain non-negative weights (keyword only).
-        dim: the dimension holding the ``n`` samples (default: the last).
+            and NaN are refused, except in masked-out entries). Give either this or ``weights``.
+        weights: the same as plain non-negative finite weights (keyword only).
+        mask: optional bool / 0-1 tensor of the input's shape: the samples to count (padding may
+            hold anything).
+        dim: the dimension holding the ``n`` samples (default: the last); ``None``: every entry is
+            one sample of one batch (a 0-dim result).
+        share: return :math:`\mathrm{ESS}/n` (``n`` = the number of kept samples) instead of the count.
 
-    Returns: ``[...]``, the input with ``dim`` reduced.
+    Returns: ``[...]``, the input with ``dim`` reduced (0-dim for ``dim=None``).
 
-    Chapter: 03_importance_sampling.
+    Chapters: 03_importance_sampling (count), 05 and 13_engineering_checklist (share).
     """
-    if (log_weights is None) == (weights is None):
-        raise ValueError("effective_sample_size: give exactly one of log_weights or weights=")
+    name = V.one_of(log_weights=log_weights, weights=weights)
+    x = V.float_tensor(weights if weights is not None else log_weights, name, min_dim=0 if dim is None else 1)
+    m = V.bool_mask(mask, x, name)
+    V.boolean(share, "share")
+    if dim is not None:
+        V.int_in_range(dim, "dim", -x.dim(), x.dim() - 1)
+    real = x if m is None else x[m]
     if weights is not None:
-        V.float_tensor(weights, "weights", min_dim=1)
-        if weights.numel() and not bool((weights >= 0).all()):
-            raise ValueError("weights must be non-negative (and not NaN)")
-        if not bool(torch.isfinite(weights).all()):
-            raise ValueError("weights must be finite; pass log_weights= for very large weights")
-        log_weights = torch.log(weights)
-        name = "weights"
+        V.tensor_in(real, "weights", 0.0)
+        log_w = torch.log(weights)
     else:
-        V.float_tensor(log_weights, "log_weights", min_dim=1)
-        name = "log_weights"
-        if bool(torch.isnan(log_weights).any()) or bool((log_weights == float("inf")).any()):
+        if bool(torch.isnan(real).any()) or bool((real == math.inf).any()):
             raise ValueError("log_weights must not contain NaN or +inf (-inf, a zero weight, is fine)")
-    if not -log_weights.dim() <= dim < log_weights.dim():
-        raise ValueError(f"dim={dim} is out of range for {name} of shape {tuple(log_weights.shape)}")
-    if log_weights.shape[dim] == 0:
-        raise ValueError(f"{name} has no samples along dim={dim}")
-    lse1 = torch.logsumexp(log_weights, dim=dim)
-    lse2 = torch.logsumexp(2.0 * log_weights, dim=dim)
-    ess = torch.exp(2.0 * lse1 - lse2)
-    return torch.where(torch.isfinite(lse1), ess, torch.zeros_like(ess))
+        log_w = log_weights
+    if m is not None:
+        log_w = torch.where(m, log_w, torch.full((), -math.inf, dtype=x.dtype, device=x.device))
+    if dim is None:
+        log_w, dim = log_w.reshape(-1), 0
+        m = None if m is None else m.reshape(-1)
+    lse1 = torch.logsumexp(log_w, dim=dim)
+    lse2 = torch.logsumexp(2.0 * log_w, dim=dim)
+    ess = torch.where(torch.isfinite(lse1), torch.exp(2.0 * lse1 - lse2), torch.zeros_like(lse1))
+    if not share:
+        return ess
+    n = torch.full_like(ess, log_w.shape[dim]) if m is None else m.sum(dim).to(ess.dtype)
+    return ess / n.clamp(min=1.0)
 
 
 def importance_weight_variance(logits_p: Tensor, logits_q: Tensor, horizon: int = 1) -> Tensor:
@@ -133,7 +145,7 @@ def importance_weight_variance(logits_p: Tensor, logits_q: Tensor, horizon: int 
 # ------------------------------------------------------------------------------------------------
 
 def score_sums(policy: nn.Module, obs: Tensor, actions: Tensor, weights: Tensor,
-               mask: Optional[Tensor] = None) -> Tensor:
+               mask: Tensor | None = None) -> Tensor:
     r"""Weighted sums of score vectors along each sequence, for ``K`` weightings at once.
 
     .. math::  g_{b,k} = \sum_{t} m_{b,t}\, w_{b,t,k}\,
@@ -165,19 +177,10 @@ def score_sums(policy: nn.Module, obs: Tensor, actions: Tensor, weights: Tensor,
 
     Chapter: 02_advantage_gae (the variance experiment).
     """
-    if not isinstance(policy, nn.Module):
-        raise TypeError(f"policy must be a torch.nn.Module, got {type(policy).__name__}")
-    V.float_tensor(obs, "obs", min_dim=3)
-    if obs.dim() != 3:
-        raise ValueError(f"obs must have shape [B, T, obs_dim], got {tuple(obs.shape)}")
-    B, T = obs.shape[:2]
-    if not isinstance(actions, Tensor) or actions.dtype != torch.int64:
-        raise TypeError("actions must be an int64 torch.Tensor of shape [B, T]")
-    if tuple(actions.shape) != (B, T):
-        raise ValueError(f"actions must have shape {(B, T)}, got {tuple(actions.shape)}")
-    V.float_tensor(weights, "weights", min_dim=3)
-    if weights.dim() != 3 or tuple(weights.shape[:2]) != (B, T):
-        raise ValueError(f"weights must have shape [B, T, K] = [{B}, {T}, K], got {tuple(weights.shape)}")
+    V.instance_of(policy, "policy", nn.Module, "torch.nn.Module")
+    sizes = V.layout("B T K", V.layout("B T obs_dim", floating=True, obs=obs), floating=True, weights=weights)
+    B, T = sizes["B"], sizes["T"]
+    V.index_tensor(actions, "actions", shape=(B, T), shape_of="[B, T] like obs")
     m = V.check_mask(mask, actions.to(weights.dtype), "actions")
     if m is not None:
         weights = weights * m[..., None]
@@ -251,9 +254,8 @@ def trace_covariance(samples: Tensor) -> float:
 
     Chapter: 02_advantage_gae.
     """
-    V.float_tensor(samples, "samples", min_dim=2)
-    if samples.dim() != 2 or samples.shape[0] < 2:
-        raise ValueError(f"samples must have shape [M, P] with M >= 2, got {tuple(samples.shape)}")
+    M = V.layout("M P", floating=True, samples=samples)["M"]
+    V.positive_int(M, "the number of samples samples.shape[0]", minimum=2)
     x = samples.detach().to(torch.float64)
     return float(((x - x.mean(0)) ** 2).sum() / (x.shape[0] - 1))
 
@@ -289,8 +291,8 @@ class BiasVariance:
     n: int
 
 
-def gradient_bias_variance(estimates: Tensor, reference: Tensor, *, mean: Optional[Tensor] = None,
-                           mean_noise: Optional[float] = None) -> BiasVariance:
+def gradient_bias_variance(estimates: Tensor, reference: Tensor, *, mean: Tensor | None = None,
+                           mean_noise: float | None = None) -> BiasVariance:
     r"""Bias and variance of a vector estimator (a stochastic gradient) against a reference.
 
     With ``M`` independent estimates :math:`\hat g_1, \dots, \hat g_M \in \mathbb R^P` (e.g. one
@@ -321,27 +323,18 @@ def gradient_bias_variance(estimates: Tensor, reference: Tensor, *, mean: Option
     Chapter: 02_advantage_gae.
     """
     variance = trace_covariance(estimates)
-    V.float_tensor(reference, "reference", min_dim=1)
-    P = estimates.shape[1]
-    if tuple(reference.shape) != (P,):
-        raise ValueError(f"reference must have shape [{P}] (estimates.shape[1]), got {tuple(reference.shape)}")
+    sizes = V.layout("P", V.layout("M P", estimates=estimates), floating=True, reference=reference)
     est = estimates.detach().to(torch.float64)
     ref = reference.detach().to(device=est.device, dtype=torch.float64)
-    ref_norm = float(ref.norm())
-    if ref_norm == 0.0:
-        raise ValueError("reference must not be the zero vector")
+    ref_norm = V.real_in(float(ref.norm()), "the norm of reference", 0.0, lo_open=True)
     M = est.shape[0]
     if mean is None:
-        if mean_noise is not None:
-            raise ValueError("mean_noise is only used together with mean=")
+        V.unused(mean_noise, "mean_noise", "together with mean=")
         avg = est.mean(0)
         noise = variance / M
     else:
-        V.float_tensor(mean, "mean", min_dim=1)
-        if tuple(mean.shape) != (P,):
-            raise ValueError(f"mean must have shape [{P}], got {tuple(mean.shape)}")
-        if mean_noise is None:
-            raise ValueError("mean= needs mean_noise= (the expected squared noise of mean - reference)")
+        V.layout("P", sizes, floating=True, mean=mean)
+        V.given(mean_noise, "mean_noise", "mean= needs it (the expected squared noise of mean - reference)")
         noise = V.finite_float(mean_noise, "mean_noise", 0.0)
         avg = mean.detach().to(device=est.device, dtype=torch.float64)
     u = ref / ref_norm

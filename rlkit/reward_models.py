@@ -34,8 +34,8 @@ Gao et al., 2023).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn
@@ -55,6 +55,12 @@ _MAX_RESPONSES = 2_000_000
 
 # ----------------------------------------------------------------------------- the response space
 
+def _per_response(**tensors: Tensor) -> None:
+    """Check tensors ``[N]`` over the enumerated responses: 1-D, floating, one shape, dtype and device."""
+    V.layout("N", **tensors)
+    V.matching_floats(**tensors)
+
+
 def enumerate_responses(vocab_size: int, length: int) -> Tensor:
     """Every sequence of ``length`` tokens from ``{0, ..., vocab_size - 1}``, in lexicographic order.
 
@@ -64,10 +70,7 @@ def enumerate_responses(vocab_size: int, length: int) -> Tensor:
     """
     V.positive_int(vocab_size, "vocab_size")
     V.positive_int(length, "length")
-    n = vocab_size ** length
-    if n > _MAX_RESPONSES:
-        raise ValueError(f"vocab_size ** length = {n} responses is too many to enumerate "
-                         f"(at most {_MAX_RESPONSES})")
+    n = V.fits(vocab_size ** length, "vocab_size ** length", _MAX_RESPONSES, "the most responses enumerated")
     idx = torch.arange(n)
     powers = vocab_size ** torch.arange(length - 1, -1, -1)
     return (idx[:, None] // powers) % vocab_size
@@ -82,12 +85,7 @@ def token_counts(responses: Tensor, vocab_size: int) -> Tensor:
     Returns: float32 ``[..., vocab_size]`` (each row sums to ``length``).
     """
     V.positive_int(vocab_size, "vocab_size")
-    if not isinstance(responses, Tensor) or responses.dtype != torch.int64:
-        raise TypeError("responses must be an int64 torch.Tensor [..., length]")
-    if responses.dim() < 1:
-        raise ValueError(f"responses must have shape [..., length], got {tuple(responses.shape)}")
-    if responses.numel() and (int(responses.min()) < 0 or int(responses.max()) >= vocab_size):
-        raise ValueError(f"responses must hold token ids in [0, {vocab_size - 1}]")
+    V.layout("... length", responses=V.index_tensor(responses, "responses", n=vocab_size))
     return nn.functional.one_hot(responses, vocab_size).sum(-2).float()
 
 
@@ -112,7 +110,7 @@ class ResponseBandit:
         """Indices ``[n]`` of responses drawn from ``softmax(logprobs)`` (default: pi_ref)."""
         V.positive_int(n, "n")
         lp = self.ref_logprobs if logprobs is None else logprobs
-        _check_policy(lp, "logprobs", self.true_reward)
+        V.exact_shape(V.float_tensor(lp, "logprobs"), "logprobs", self.true_reward.shape, "[N], one per response")
         return torch.multinomial(torch.softmax(lp, -1), n, replacement=True, generator=generator)
 
 
@@ -138,12 +136,9 @@ def flattery_bandit(length: int = 6, p_flattery: float = 0.06, quality=(0.0, 0.2
     Returns: a :class:`ResponseBandit` with ``(K + 1) ** length`` responses.
     """
     V.positive_int(length, "length")
-    V.finite_float(p_flattery, "p_flattery", 0.0, 1.0, lo_open=True)
-    if p_flattery >= 1.0:
-        raise ValueError(f"p_flattery must lie in (0, 1), got {p_flattery}")
-    q = torch.as_tensor(quality, dtype=torch.float32)
-    if q.dim() != 1 or q.numel() < 1:
-        raise ValueError("quality must be a non-empty 1-D sequence of numbers")
+    p_flattery = V.real_in(p_flattery, "p_flattery", 0.0, 1.0, lo_open=True, hi_open=True)
+    q = V.tensor_in(torch.tensor(V.real_list(quality, "quality"), dtype=torch.float32), "quality")
+    V.positive_int(q.numel(), "len(quality)")
     V.finite_float(flattery_gain, "flattery_gain")
     V.positive_int(flattery_budget, "flattery_budget", minimum=0)
     V.finite_float(flattery_penalty, "flattery_penalty", 0.0)
@@ -152,14 +147,14 @@ def flattery_bandit(length: int = 6, p_flattery: float = 0.06, quality=(0.0, 0.2
     responses = enumerate_responses(vocab, length)
     counts = token_counts(responses, vocab)
     n_f = counts[:, k]
-    true = (counts[:, :k] @ q) / length + flattery_gain * n_f - flattery_penalty * (n_f - flattery_budget).clamp(min=0) ** 2
+    excess = (n_f - flattery_budget).clamp(min=0)
+    true = (counts[:, :k] @ q) / length + flattery_gain * n_f - flattery_penalty * excess ** 2
     if content_probs is None:
         pc = torch.full((k,), 1.0 / k)
     else:
-        pc = torch.as_tensor(content_probs, dtype=torch.float32)
-        if pc.shape != (k,) or bool((pc <= 0).any()):
-            raise ValueError(f"content_probs must hold {k} positive numbers (one per quality), got {content_probs!r}")
-        pc = pc / pc.sum()
+        pc = torch.tensor(V.real_list(content_probs, "content_probs"), dtype=torch.float32)
+        V.exact_shape(pc, "content_probs", (k,), "one per quality")
+        pc = V.tensor_in(pc, "content_probs", 0.0, lo_open=True) / pc.sum()
     p_tok = torch.cat([(1.0 - p_flattery) * pc, torch.tensor([p_flattery])])
     ref_logprobs = (counts @ p_tok.log()).float()
     ref_logprobs = ref_logprobs - torch.logsumexp(ref_logprobs, -1)
@@ -170,7 +165,7 @@ def flattery_bandit(length: int = 6, p_flattery: float = 0.06, quality=(0.0, 0.2
 # ----------------------------------------------------------------------------- the reward model
 
 class RewardNet(nn.Module):
-    """A small MLP reward model :math:`\\hat r_\\phi(x)`: features ``[..., in_dim]`` -> rewards ``[...]``.
+    r"""A small MLP reward model :math:`\hat r_\phi(x)`: features ``[..., in_dim]`` -> rewards ``[...]``.
 
     ReLU hidden layers by default: a ReLU network extrapolates *linearly* outside its data, which
     is the honest picture of why a reward model keeps rewarding "more of the same" far beyond
@@ -183,9 +178,7 @@ class RewardNet(nn.Module):
         self.net = mlp(in_dim, 1, hidden, layers, out_std=1.0, activation=activation)
 
     def forward(self, x: Tensor) -> Tensor:
-        V.float_tensor(x, "x")
-        if x.shape[-1] != self.in_dim:
-            raise ValueError(f"x must have shape [..., {self.in_dim}], got {tuple(x.shape)}")
+        V.feature_tensor(x, "x", self.in_dim)
         return self.net(x).squeeze(-1)
 
 
@@ -238,8 +231,7 @@ def fit_bradley_terry(net: nn.Module, x_chosen: Tensor, x_rejected: Tensor, epoc
         weight_decay: Adam's L2 coefficient.
     Returns: the training loss of every epoch (mean over its minibatches).
     """
-    if not isinstance(net, nn.Module):
-        raise TypeError(f"net must be a torch.nn.Module, got {type(net).__name__}")
+    V.instance_of(net, "net", nn.Module, "torch.nn.Module")
     V.float_tensor(x_chosen, "x_chosen", min_dim=2)
     V.float_tensor(x_rejected, "x_rejected", min_dim=2)
     V.same_layout(x_chosen, "x_chosen", x_rejected, "x_rejected")
@@ -283,8 +275,7 @@ def fit_reward_model(task: ResponseBandit, n_pairs: int = 1000, noise: float = 0
     ``generator`` everything (pairs, labels, initial weights) is drawn from it, so the same
     generator seed gives the same reward model whatever ran before.
     """
-    if not isinstance(task, ResponseBandit):
-        raise TypeError(f"task must be a ResponseBandit, got {type(task).__name__}")
+    V.instance_of(task, "task", ResponseBandit)
     n_pairs = V.positive_int(n_pairs, "n_pairs")
     a = task.sample(n_pairs, generator=generator)
     b = task.sample(n_pairs, generator=generator)
@@ -309,13 +300,6 @@ def fit_reward_model(task: ResponseBandit, n_pairs: int = 1000, noise: float = 0
 
 
 # ----------------------------------------------------------------------------- optimising against it
-
-def _check_policy(lp, name: str, ref: Tensor | None = None) -> Tensor:
-    V.float_tensor(lp, name)
-    if ref is not None and tuple(lp.shape) != tuple(ref.shape[-1:]) and tuple(lp.shape) != tuple(ref.shape):
-        raise ValueError(f"{name} has shape {tuple(lp.shape)}, expected {tuple(ref.shape)}")
-    return lp
-
 
 def kl_regularised_optimum(ref_logprobs: Tensor, reward: Tensor, beta: float) -> Tensor:
     r"""Log-probabilities of the maximiser of :math:`\mathbb E_\pi[r] - \beta\,\mathrm{KL}(\pi\,\|\,\pi_{ref})`:
@@ -355,11 +339,7 @@ def best_of_n(ref_logprobs: Tensor, proxy: Tensor, n: int) -> Tensor:
     Args: ref_logprobs, proxy: ``[N]``; n: number of draws (>= 1).
     Returns: ``[N]`` log-probabilities (``-inf`` where impossible).
     """
-    V.float_tensor(ref_logprobs, "ref_logprobs")
-    V.float_tensor(proxy, "proxy")
-    V.same_layout(ref_logprobs, "ref_logprobs", proxy, "proxy")
-    if ref_logprobs.dim() != 1:
-        raise ValueError(f"ref_logprobs must be 1-D [N], got shape {tuple(ref_logprobs.shape)}")
+    _per_response(ref_logprobs=ref_logprobs, proxy=proxy)
     n = V.positive_int(n, "n")
     p = torch.softmax(ref_logprobs.double(), -1)
     values, group = torch.unique(proxy.double(), sorted=True, return_inverse=True)
@@ -380,16 +360,10 @@ def policy_summary(logprobs: Tensor, ref_logprobs: Tensor, **rewards: Tensor) ->
 
     Args: logprobs, ref_logprobs and every reward: ``[N]`` (logits are normalised first).
     """
-    V.float_tensor(logprobs, "logprobs")
-    V.float_tensor(ref_logprobs, "ref_logprobs")
-    V.same_layout(logprobs, "logprobs", ref_logprobs, "ref_logprobs")
-    if logprobs.dim() != 1:
-        raise ValueError(f"logprobs must be 1-D [N], got shape {tuple(logprobs.shape)}")
+    _per_response(logprobs=logprobs, ref_logprobs=ref_logprobs, **rewards)
     out = {"kl": float(kl_categorical(logprobs, ref_logprobs))}
     p = torch.softmax(logprobs, -1)
     for name, r in rewards.items():
-        V.float_tensor(r, name)
-        V.same_layout(logprobs, "logprobs", r, name)
         out[name] = float((p * r).sum())
     return out
 
@@ -419,11 +393,7 @@ def optimise_policy(ref_logprobs: Tensor, proxy: Tensor, beta: float = 0.0, step
         ``(logits [N], history)`` with ``history["step"]``, ``["kl"]``, ``["proxy"]`` and one list per
         tracked reward.
     """
-    V.float_tensor(ref_logprobs, "ref_logprobs")
-    V.float_tensor(proxy, "proxy")
-    V.same_layout(ref_logprobs, "ref_logprobs", proxy, "proxy")
-    if ref_logprobs.dim() != 1:
-        raise ValueError(f"ref_logprobs must be 1-D [N], got shape {tuple(ref_logprobs.shape)}")
+    _per_response(ref_logprobs=ref_logprobs, proxy=proxy)
     beta = V.finite_float(beta, "beta", 0.0)
     steps = V.positive_int(steps, "steps", minimum=0)
     lr = V.finite_float(lr, "lr", 0.0, lo_open=True)

@@ -20,13 +20,16 @@ Sampler-side control of :math:`S_k` (chapter 12)
 * :func:`version_window` - keep only data from the :math:`W` most recent versions.
 * :func:`geppo_clip_radius`, :func:`age_clip_radius` - shrink the clip radius for older data.
 
-Measuring (Lemma 5.1, chapters 11-13)
+Measuring (lemma lem-ch11-ratio, chapters 11-13)
 
 * :func:`update_shift` :math:`\hat U_k = \tfrac12\,\overline{|\rho_{k+1}-\rho_k|}`,
   :func:`staleness` :math:`\hat S_k = \tfrac12\,\overline{|\rho_k-1|}`,
-  :func:`effective_sample_size`, :func:`mean_by_age`.
+  both :func:`half_abs_ratio_diff` (lemma lem-ch11-ratio); :func:`mean_by_age`. (The effective sample size of
+  the :math:`\rho_k` weights is :func:`rlkit.estimators.effective_sample_size` with ``share=True``.)
 * :class:`Threshold`, :class:`Alert`, :class:`Monitor` - alert rules on those numbers.
 * :class:`Checkpoint` - the last good weights and optimiser state, for a rollback.
+* :class:`TrainingGuard` - monitor + alert rule + rollback + checkpoint cadence, the one copy
+  both stale trainers call once per update (:class:`GuardDecision` says what it did).
 
 Configuration (chapter 13)
 
@@ -44,72 +47,24 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass, field, fields
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+import numbers
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
 
 import torch
 
 from . import _validate as V
+from .utils import masked_mean
 
 Tensor = torch.Tensor
 
 __all__ = [
     "LagDistribution", "PolicyArchive", "VersionedBuffer",
     "staleness_filter", "version_window", "geppo_clip_radius", "age_clip_radius",
-    "update_shift", "staleness", "effective_sample_size", "mean_by_age",
-    "Threshold", "Alert", "Monitor", "METRICS", "Checkpoint",
+    "half_abs_ratio_diff", "update_shift", "staleness", "mean_by_age",
+    "Threshold", "Alert", "Monitor", "METRICS", "Checkpoint", "GuardDecision", "TrainingGuard",
     "METHODS", "CLIP_SCHEDULES", "FILTER_LEVELS", "StaleTrainingConfig",
 ]
-
-
-# ============================================================================================
-# Small argument checks
-# ============================================================================================
-
-def _int(x, name: str, lo: int = 0) -> int:
-    if isinstance(x, bool) or not isinstance(x, int):
-        raise TypeError(f"{name} must be an int, got {type(x).__name__}")
-    if x < lo:
-        raise ValueError(f"{name} must be an int >= {lo}, got {x}")
-    return x
-
-
-def _logp_pair(a, a_name: str, b, b_name: str) -> None:
-    V.float_tensor(a, a_name, min_dim=0)
-    V.float_tensor(b, b_name, min_dim=0)
-    V.same_layout(a, a_name, b, b_name)
-
-
-def _mask(mask, ref: Tensor, ref_name: str) -> Optional[Tensor]:
-    """``None`` or a bool/0-1 mask shaped like ``ref``, returned as a bool tensor."""
-    if mask is None:
-        return None
-    if not isinstance(mask, torch.Tensor):
-        raise TypeError(f"mask must be a torch.Tensor or None, got {type(mask).__name__}")
-    if tuple(mask.shape) != tuple(ref.shape):
-        raise ValueError(f"mask has shape {tuple(mask.shape)} but {ref_name} has shape {tuple(ref.shape)} "
-                         f"(rlkit never broadcasts silently)")
-    if mask.device != ref.device:
-        raise ValueError(f"mask is on {mask.device} but {ref_name} is on {ref.device}")
-    if mask.dtype != torch.bool:
-        if mask.numel() and not bool(((mask == 0) | (mask == 1)).all()):
-            raise ValueError("mask must be bool or hold only 0 and 1")
-        mask = mask != 0
-    return mask
-
-
-def _masked_mean(x: Tensor, m: Optional[Tensor]) -> Tensor:
-    """Mean of ``x`` over the entries where ``m`` is True (0-dim; NaN if none are)."""
-    if m is None:
-        return x.mean() if x.numel() else torch.full((), math.nan, dtype=x.dtype, device=x.device)
-    n = m.sum()
-    s = torch.where(m, x, torch.zeros((), dtype=x.dtype, device=x.device)).sum()
-    return s / n if int(n) > 0 else torch.full((), math.nan, dtype=x.dtype, device=x.device)
-
-
-def _abs_exp_diff(log_a: Tensor, log_b: Tensor) -> Tensor:
-    r""":math:`|e^{a} - e^{b}| = e^{b}\,|\mathrm{expm1}(a - b)|`, accurate when ``a`` is close to ``b``."""
-    return torch.exp(log_b) * torch.expm1(log_a - log_b).abs()
 
 
 # ============================================================================================
@@ -131,44 +86,36 @@ class LagDistribution:
     Chapter: 12_clipping_staleness.
     """
 
-    probs: Tuple[float, ...]
+    probs: tuple[float, ...]
 
     def __post_init__(self):
-        p = tuple(self.probs) if not isinstance(self.probs, torch.Tensor) else tuple(self.probs.tolist())
-        if len(p) == 0:
-            raise ValueError("LagDistribution.probs must hold at least one probability (for lag 0)")
-        for i, x in enumerate(p):
-            if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0:
-                raise ValueError(f"LagDistribution.probs[{i}] must be a finite number >= 0, got {x!r}")
-        s = sum(p)
-        if abs(s - 1.0) > 1e-6:
-            raise ValueError(f"LagDistribution.probs must sum to 1, got {s:.6g}")
+        p = V.probabilities(self.probs, "LagDistribution.probs")
+        s = math.fsum(p)
         while len(p) > 1 and p[-1] == 0:       # trailing zeros do not change the distribution
             p = p[:-1]
         object.__setattr__(self, "probs", tuple(float(x) / s for x in p))
 
     @classmethod
-    def fixed(cls, lag: int) -> "LagDistribution":
+    def fixed(cls, lag: int) -> LagDistribution:
         """Every batch is exactly ``lag`` versions old."""
-        lag = _int(lag, "lag")
+        lag = V.positive_int(lag, "lag", minimum=0)
         return cls(tuple([0.0] * lag + [1.0]))
 
     @classmethod
-    def uniform(cls, max_lag: int, min_lag: int = 0) -> "LagDistribution":
+    def uniform(cls, max_lag: int, min_lag: int = 0) -> LagDistribution:
         """Lags ``min_lag, ..., max_lag`` with equal probability."""
-        max_lag, min_lag = _int(max_lag, "max_lag"), _int(min_lag, "min_lag")
-        if min_lag > max_lag:
-            raise ValueError(f"min_lag ({min_lag}) must be <= max_lag ({max_lag})")
+        max_lag, min_lag = V.positive_int(max_lag, "max_lag", minimum=0), V.positive_int(min_lag, "min_lag", minimum=0)
+        V.ordered(min_lag, "min_lag", max_lag, "max_lag")
         n = max_lag - min_lag + 1
         return cls(tuple([0.0] * min_lag + [1.0 / n] * n))
 
     @classmethod
-    def geometric(cls, mean: float, max_lag: int) -> "LagDistribution":
+    def geometric(cls, mean: float, max_lag: int) -> LagDistribution:
         r"""A geometric lag :math:`P(\ell) \propto q^\ell` truncated at ``max_lag``, with
         :math:`q = m/(1+m)` chosen so that the *untruncated* mean is ``mean`` = :math:`m`
         (a queue whose consumer is usually, not always, keeping up)."""
-        mean = V.finite_float(mean, "mean", 0.0)
-        max_lag = _int(max_lag, "max_lag")
+        mean = V.real_in(mean, "mean", 0.0)
+        max_lag = V.positive_int(max_lag, "max_lag", minimum=0)
         q = mean / (1.0 + mean)
         w = [q ** l for l in range(max_lag + 1)]
         s = sum(w)
@@ -186,17 +133,17 @@ class LagDistribution:
 
     @property
     def mean(self) -> float:
-        """:math:`\\mathbb E[\\ell]`."""
+        r""":math:`\mathbb E[\ell]`."""
         return float(sum(i * p for i, p in enumerate(self.probs)))
 
     def share_at_least(self, lag: int) -> float:
-        """:math:`P(\\ell \\ge` ``lag`` :math:`)`: the share of data a window of ``lag`` versions drops."""
-        lag = _int(lag, "lag")
+        r""":math:`P(\ell \ge \text{lag})`: the share of data a window of ``lag`` versions drops."""
+        lag = V.positive_int(lag, "lag", minimum=0)
         return float(sum(self.probs[lag:]))
 
-    def sample(self, n: int, generator: Optional[torch.Generator] = None) -> Tensor:
+    def sample(self, n: int, generator: torch.Generator | None = None) -> Tensor:
         """``n`` i.i.d. lags, ``long[n]`` (on the CPU)."""
-        n = _int(n, "n", 1)
+        n = V.positive_int(n, "n")
         p = torch.tensor(self.probs, dtype=torch.float64)
         if len(self.probs) == 1:
             return torch.zeros(n, dtype=torch.long)
@@ -222,15 +169,12 @@ class PolicyArchive:
     """
 
     def __init__(self, capacity: int):
-        self.capacity = _int(capacity, "capacity", 1)
-        self._store: Dict[int, torch.nn.Module] = {}
+        self.capacity = V.positive_int(capacity, "capacity")
+        self._store: dict[int, torch.nn.Module] = {}
 
     def push(self, version: int, policy: torch.nn.Module) -> None:
-        version = _int(version, "version")
-        if not isinstance(policy, torch.nn.Module):
-            raise TypeError(f"policy must be a torch.nn.Module, got {type(policy).__name__}")
-        if self._store and version <= max(self._store):
-            raise ValueError(f"version must increase: got {version} after {max(self._store)}")
+        version = V.positive_int(version, "version", minimum=max(self._store) + 1 if self._store else 0)
+        V.instance_of(policy, "policy", torch.nn.Module, "torch.nn.Module")
         snap = copy.deepcopy(policy)
         snap.eval()
         for p in snap.parameters():
@@ -240,13 +184,13 @@ class PolicyArchive:
             del self._store[min(self._store)]
 
     def get(self, version: int) -> torch.nn.Module:
-        version = _int(version, "version")
+        version = V.positive_int(version, "version", minimum=0)
         if version not in self._store:
             raise KeyError(f"version {version} is not in the archive (held: {self.versions})")
         return self._store[version]
 
     @property
-    def versions(self) -> List[int]:
+    def versions(self) -> list[int]:
         return sorted(self._store)
 
     @property
@@ -257,11 +201,8 @@ class PolicyArchive:
 
     def behaviour_versions(self, current: int, lags: Tensor) -> Tensor:
         """``clamp(current - lags, oldest held version)``; ``lags`` long tensor of any shape."""
-        current = _int(current, "current")
-        if not isinstance(lags, torch.Tensor) or lags.dtype != torch.long:
-            raise TypeError("lags must be a LongTensor")
-        if lags.numel() and int(lags.min()) < 0:
-            raise ValueError("lags must be >= 0")
+        current = V.positive_int(current, "current", minimum=0)
+        V.tensor_in(V.index_tensor(lags, "lags"), "lags", 0)
         if current not in self._store:
             raise ValueError(f"current version {current} is not in the archive (held: {self.versions})")
         return (current - lags).clamp(min=min(self._store))
@@ -289,32 +230,25 @@ class VersionedBuffer:
     Chapter: 12_clipping_staleness.
     """
 
-    def __init__(self, capacity: Optional[int] = None):
-        self.capacity = None if capacity is None else _int(capacity, "capacity", 1)
-        self._chunks: List[Dict[str, Tensor]] = []
-        self._keys: Optional[Tuple[str, ...]] = None
+    def __init__(self, capacity: int | None = None):
+        self.capacity = None if capacity is None else V.positive_int(capacity, "capacity")
+        self._chunks: list[dict[str, Tensor]] = []
+        self._keys: tuple[str, ...] | None = None
 
     def __len__(self) -> int:
         return sum(int(c["version"].shape[0]) for c in self._chunks)
 
-    def put(self, version: Union[int, Tensor], logp: Tensor, **fields: Tensor) -> None:
+    def put(self, version: int | Tensor, logp: Tensor, **fields: Tensor) -> None:
         V.float_tensor(logp, "logp", min_dim=1)
         n = int(logp.shape[0])
         if isinstance(version, torch.Tensor):
-            if version.dtype != torch.long or tuple(version.shape) != (n,):
-                raise ValueError(f"version must be an int or a LongTensor of shape [{n}], got "
-                                 f"{version.dtype} {tuple(version.shape)}")
-            if n and int(version.min()) < 0:
-                raise ValueError("versions must be >= 0")
-            ver = version.to(logp.device)
+            V.index_tensor(version, "version", shape=(n,), shape_of="one version per sample of logp")
+            ver = V.tensor_in(version, "version", 0).to(logp.device)
         else:
-            ver = torch.full((n,), _int(version, "version"), dtype=torch.long, device=logp.device)
+            ver = torch.full((n,), V.positive_int(version, "version", minimum=0), dtype=torch.long, device=logp.device)
+        V.distinct(fields, "the field names", reserved=("version", "age", "logp_behav"))
         for k, x in fields.items():
-            if k in ("version", "age", "logp_behav"):
-                raise ValueError(f"field name {k!r} is reserved")
-            if not isinstance(x, torch.Tensor) or x.dim() < 1 or int(x.shape[0]) != n:
-                raise ValueError(f"field {k!r} must be a tensor with leading dimension {n} (like logp), got "
-                                 f"{getattr(x, 'shape', type(x).__name__)}")
+            V.exact_shape(V.instance_of(x, k, torch.Tensor), k, (n, *x.shape[1:]), "[n, ...] like logp")
         keys = tuple(sorted(fields))
         if self._keys is not None and keys != self._keys:
             raise ValueError(f"every put must have the same fields: had {self._keys}, got {keys}")
@@ -340,10 +274,10 @@ class VersionedBuffer:
             return torch.zeros(0, dtype=torch.long)
         return torch.cat([c["version"] for c in self._chunks])
 
-    def take(self, current: int, window: Optional[int] = None, consume: bool = True) -> Dict[str, Tensor]:
-        current = _int(current, "current")
+    def take(self, current: int, window: int | None = None, consume: bool = True) -> dict[str, Tensor]:
+        current = V.positive_int(current, "current", minimum=0)
         if window is not None:
-            window = _int(window, "window", 1)
+            window = V.positive_int(window, "window")
         if not self._chunks:
             raise ValueError("the buffer is empty")
         out = {k: torch.cat([c[k] for c in self._chunks]) for k in self._chunks[0]}
@@ -369,10 +303,11 @@ class VersionedBuffer:
 # Sampler-side control of S_k
 # ============================================================================================
 
+#: What one sample is for :func:`staleness_filter`: a token, a sequence, or a sequence by its mean log-ratio.
 FILTER_LEVELS = ("token", "sequence", "sequence-mean")
 
 
-def staleness_filter(logp_prox: Tensor, logp_behav: Tensor, eps_stale: float, mask: Optional[Tensor] = None,
+def staleness_filter(logp_prox: Tensor, logp_behav: Tensor, eps_stale: float, mask: Tensor | None = None,
                      level: str = "token") -> Tensor:
     r"""Keep-mask of the staleness filter: drop samples with :math:`|\rho_k - 1| > \epsilon_{\text{stale}}`.
 
@@ -407,18 +342,17 @@ def staleness_filter(logp_prox: Tensor, logp_behav: Tensor, eps_stale: float, ma
 
     Chapter: 12_clipping_staleness.
     """
-    _logp_pair(logp_prox, "logp_prox", logp_behav, "logp_behav")
-    eps_stale = V.finite_float(eps_stale, "eps_stale", 0.0, lo_open=True)
+    V.matching_floats(min_dim=0, logp_prox=logp_prox, logp_behav=logp_behav)
+    eps_stale = V.real_in(eps_stale, "eps_stale", 0.0, lo_open=True)
     V.choice(level, "level", FILTER_LEVELS)
-    m = _mask(mask, logp_prox, "logp_prox")
+    m = V.bool_mask(mask, logp_prox, "logp_prox")
     log_rho = logp_prox.detach() - logp_behav.detach()
     if m is not None:
         log_rho = torch.where(m, log_rho, torch.zeros((), dtype=log_rho.dtype, device=log_rho.device))
     if level == "token":
         keep = torch.expm1(log_rho).abs() <= eps_stale
     else:
-        if log_rho.dim() < 1:
-            raise ValueError(f"level={level!r} needs a tokens dimension (last), got a 0-dim tensor")
+        V.float_tensor(logp_prox, "logp_prox", min_dim=1)     # the sequence levels need a tokens dimension
         s = log_rho.sum(-1)
         if level == "sequence-mean":
             n = (m.sum(-1) if m is not None else torch.full_like(s, log_rho.shape[-1])).clamp(min=1)
@@ -442,16 +376,15 @@ def version_window(versions: Tensor, current: int, window: int) -> Tensor:
 
     Chapter: 12_clipping_staleness.
     """
-    if not isinstance(versions, torch.Tensor) or versions.dtype != torch.long:
-        raise TypeError(f"versions must be a LongTensor, got {getattr(versions, 'dtype', type(versions).__name__)}")
-    current = _int(current, "current")
-    window = _int(window, "window", 1)
-    if versions.numel() and int(versions.max()) > current:
-        raise ValueError(f"versions holds {int(versions.max())} > current={current}: data from the future")
+    V.index_tensor(versions, "versions")
+    current = V.positive_int(current, "current", minimum=0)
+    window = V.positive_int(window, "window")
+    if versions.numel():
+        V.fits(int(versions.max()), "the newest entry of versions", current, "current (data from the future)")
     return (current - versions) < window
 
 
-def geppo_clip_radius(eps: float, version_weights: Union[Sequence[float], Tensor]) -> float:
+def geppo_clip_radius(eps: float, version_weights: Sequence[float] | Tensor) -> float:
     r"""GePPO's clip radius for a batch mixing the last :math:`M` versions (Queeney et al., 2021).
 
     With weight :math:`\nu_i` on the data of age :math:`i` (:math:`i = 0, \dots, M-1`,
@@ -470,11 +403,7 @@ def geppo_clip_radius(eps: float, version_weights: Union[Sequence[float], Tensor
     Returns: a float. Chapter: 12_clipping_staleness.
     """
     eps = V.finite_float(eps, "eps", 0.0, lo_open=True)
-    w = torch.as_tensor(version_weights, dtype=torch.float64).flatten()
-    if w.numel() == 0 or not bool(torch.isfinite(w).all()) or bool((w < 0).any()):
-        raise ValueError("version_weights must be a non-empty sequence of finite numbers >= 0")
-    if abs(float(w.sum()) - 1.0) > 1e-6:
-        raise ValueError(f"version_weights must sum to 1, got {float(w.sum()):.6g}")
+    w = torch.tensor(V.probabilities(version_weights, "version_weights"), dtype=torch.float64)
     ages = torch.arange(w.numel(), dtype=torch.float64)
     return eps / float((w * (ages + 1)).sum())
 
@@ -495,25 +424,74 @@ def age_clip_radius(eps: float, ages: Tensor) -> Tensor:
     Chapter: 12_clipping_staleness.
     """
     eps = V.finite_float(eps, "eps", 0.0, lo_open=True)
-    if not isinstance(ages, torch.Tensor):
-        raise TypeError(f"ages must be a torch.Tensor, got {type(ages).__name__}")
+    V.tensor_in(V.instance_of(ages, "ages", torch.Tensor, "torch.Tensor"), "ages", 0)
     a = ages if ages.is_floating_point() else ages.to(torch.float32)
-    if a.numel() and (not bool(torch.isfinite(a).all()) or float(a.min()) < 0):
-        raise ValueError("ages must be finite and >= 0")
     return eps / (1.0 + a)
 
 
 # ============================================================================================
-# Estimators (Lemma 5.1)
+# Estimators (lemma lem-ch11-ratio)
 # ============================================================================================
 
-def update_shift(logp_new: Tensor, logp_prox: Tensor, logp_behav: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-    r"""Sample estimate of the update shift :math:`U_k` (Lemma 5.1; chapter 11, eq-ch11-estimators).
+def _abs_exp_diff(x: Tensor, y: Tensor) -> Tensor:
+    r""":math:`|e^{x} - e^{y}| = e^{\max}\,|\mathrm{expm1}(\min - \max)|`: accurate when ``x`` is close to
+    ``y``, 0 (not NaN) where ``x == y`` (also at :math:`\pm\infty`), and :math:`e^{\max}` where one is
+    :math:`-\infty`."""
+    hi, lo = torch.maximum(x, y), torch.minimum(x, y)
+    return torch.where(hi == lo, torch.zeros((), dtype=x.dtype, device=x.device),
+                       torch.exp(hi) * -torch.expm1(lo - hi))
+
+
+def half_abs_ratio_diff(logp_a: Tensor, logp_b: Tensor, logp_behav: Tensor, mask: Tensor | None = None,
+                        dim=None) -> Tensor:
+    r"""The ratio lemma (lem-ch11-ratio): an expected TV distance estimated from samples of a third policy (chapter 11).
+
+    When :math:`\mu` covers the supports of :math:`\pi_a` and :math:`\pi_b`,
+
+    .. math:: \mathbb E_{s}\big[D_{TV}(\pi_a, \pi_b; s)\big]
+              = \tfrac12\,\mathbb E_{s,\,a\sim\mu}\Big|\frac{\pi_a(a\mid s)}{\mu(a\mid s)}
+              - \frac{\pi_b(a\mid s)}{\mu(a\mid s)}\Big| ,
+
+    so the (masked) sample mean of :math:`\tfrac12|e^{\log\pi_a - \log\mu} - e^{\log\pi_b - \log\mu}|`
+    is an unbiased estimate. rlkit's one implementation of it: :func:`update_shift`
+    (:math:`\pi_a = \pi_{k+1}, \pi_b = \pi_k`), :func:`staleness` (:math:`\pi_a = \pi_k`,
+    :math:`\pi_b = \mu`), the stats of :func:`rlkit.objectives.geppo_loss` and
+    :func:`rlkit.tabular.estimate_update_and_staleness` all call it.
+
+    The difference of ratios is formed as :math:`e^{\max}|\mathrm{expm1}(\min-\max)|` of the two
+    log-ratios: accurate for nearby policies, finite for log-ratios of :math:`\pm 80` in float32.
+
+    Args:
+        logp_a, logp_b: log-probabilities of the sampled actions under :math:`\pi_a`, :math:`\pi_b`.
+        logp_behav: under the behaviour policy :math:`\mu` that sampled them; all three one shape
+            (any shape: ``[n]``, ``[B, T]`` tokens, ``[*B, n]`` for batched MDPs).
+        mask: optional bool / 0-1 mask of the samples to average over; masked-out entries may hold
+            NaN or inf.
+        dim: ``None`` (the mean over every entry, a 0-dim tensor) or the dimension(s) holding the
+            samples.
+
+    Returns: the estimate, 0 where the mask keeps nothing (the convention of
+    :func:`rlkit.utils.masked_mean`). Detached (an estimator, not a loss).
+
+    Chapter: 11_dynamic_mixing (eq-ch11-tv-ratio); used in 12_clipping_staleness and 13.
+    """
+    V.matching_floats(min_dim=0, logp_a=logp_a, logp_b=logp_b, logp_behav=logp_behav)
+    m = V.bool_mask(mask, logp_a, "logp_a")
+    with torch.no_grad():
+        lb = logp_behav.detach()
+        d = 0.5 * _abs_exp_diff(logp_a.detach() - lb, logp_b.detach() - lb)
+        return masked_mean(d, m, dim=dim)
+
+
+def update_shift(logp_new: Tensor, logp_prox: Tensor, logp_behav: Tensor, mask: Tensor | None = None,
+                 dim=None) -> Tensor:
+    r"""Sample estimate of the update shift :math:`U_k` (lemma lem-ch11-ratio; chapter 11, eq-ch11-estimators).
 
     .. math:: \hat U_k = \tfrac12\,\overline{\big|\rho_{k+1} - \rho_k\big|},\qquad
               \rho_{k+1} = \frac{\pi_{k+1}}{\mu},\ \rho_k = \frac{\pi_k}{\mu},
 
-    the mean over the (masked) samples, each drawn from its behaviour version :math:`\mu`.
+    the mean over the (masked) samples, each drawn from its behaviour version :math:`\mu`:
+    :func:`half_abs_ratio_diff` with :math:`\pi_a = \pi_{k+1}`, :math:`\pi_b = \pi_k`.
     It estimates :math:`\mathbb E_{s}[D_{TV}(\pi_{k+1}, \pi_k; s)]` without bias when the samples'
     states and actions come from the behaviour versions and :math:`\mu` covers both policies'
     support. Note :math:`|\rho_{k+1} - \rho_k| = \rho_k\,|r - 1|` with :math:`r = \pi_{k+1}/\pi_k`:
@@ -525,64 +503,34 @@ def update_shift(logp_new: Tensor, logp_prox: Tensor, logp_behav: Tensor, mask: 
         logp_prox: log-probs under :math:`\pi_k` (before it), same shape.
         logp_behav: log-probs under the version that sampled, same shape.
         mask: optional bool / 0-1 mask of the samples to average over.
+        dim: ``None`` (all entries) or the sample dimension(s).
 
-    Returns: a 0-dim tensor (NaN if the mask keeps nothing). Finite for log-ratios of +-80.
+    Returns: a 0-dim tensor (0 if the mask keeps nothing). Finite for log-ratios of +-80.
     Chapter: 12_clipping_staleness (defined in 11_dynamic_mixing).
     """
-    _logp_pair(logp_new, "logp_new", logp_prox, "logp_prox")
-    _logp_pair(logp_new, "logp_new", logp_behav, "logp_behav")
-    m = _mask(mask, logp_new, "logp_new")
-    lb = logp_behav.detach()
-    d = 0.5 * _abs_exp_diff(logp_new.detach() - lb, logp_prox.detach() - lb)
-    return _masked_mean(d, m)
+    return half_abs_ratio_diff(logp_new, logp_prox, logp_behav, mask, dim)
 
 
-def staleness(logp_prox: Tensor, logp_behav: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-    r"""Sample estimate of the sampling staleness :math:`S_k` (Lemma 5.1 with :math:`\pi_2 = \mu`).
+def staleness(logp_prox: Tensor, logp_behav: Tensor, mask: Tensor | None = None, dim=None) -> Tensor:
+    r"""Sample estimate of the sampling staleness :math:`S_k` (lemma lem-ch11-ratio with :math:`\pi_2 = \mu`).
 
     .. math:: \hat S_k = \tfrac12\,\overline{\big|\rho_k - 1\big|},\qquad \rho_k = \frac{\pi_k}{\mu},
 
-    an unbiased estimate of :math:`\mathbb E_s[D_{TV}(\pi_k, \mu; s)]` under the behaviour
-    distribution (when :math:`\mu` covers :math:`\pi_k`'s support; a truncating sampler makes it an
-    underestimate, chapter 11). Zero on on-policy data. The staleness filter thresholds the
-    same quantity sample by sample.
+    :func:`half_abs_ratio_diff` with :math:`\pi_a = \pi_k`, :math:`\pi_b = \mu`: an unbiased
+    estimate of :math:`\mathbb E_s[D_{TV}(\pi_k, \mu; s)]` under the behaviour distribution (when
+    :math:`\mu` covers :math:`\pi_k`'s support; a truncating sampler makes it an underestimate,
+    chapter 11). Zero on on-policy data. The staleness filter thresholds the same quantity sample
+    by sample.
 
     Args: ``logp_prox`` (:math:`\log\pi_k`), ``logp_behav`` (:math:`\log\mu`), same shape;
-    optional ``mask``. Returns: 0-dim tensor. Chapter: 12_clipping_staleness.
+    optional ``mask``; ``dim`` as in :func:`half_abs_ratio_diff`. Returns: 0-dim tensor (0 if the
+    mask keeps nothing). Chapter: 12_clipping_staleness.
     """
-    _logp_pair(logp_prox, "logp_prox", logp_behav, "logp_behav")
-    m = _mask(mask, logp_prox, "logp_prox")
-    d = 0.5 * torch.expm1(logp_prox.detach() - logp_behav.detach()).abs()
-    return _masked_mean(d, m)
+    return half_abs_ratio_diff(logp_prox, logp_behav, logp_behav, mask, dim)
 
 
-def effective_sample_size(log_weights: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-    r"""Kish's effective sample size of importance weights, as a share of the sample count.
-
-    .. math:: \mathrm{ESS} = \frac{\big(\sum_j w_j\big)^2}{n\sum_j w_j^2} \in \big(\tfrac1n, 1\big],
-              \qquad w_j = \exp(\text{log\_weights}_j),
-
-    1 when all weights are equal (on-policy data), :math:`1/n` when one weight dominates. With
-    :math:`w = \rho_k` it says how many of the batch's samples effectively count after the
-    importance correction for staleness. Computed with the log-sum-exp trick, so weights of
-    :math:`e^{\pm 80}` are fine.
-
-    Args: ``log_weights`` any shape (all entries form one sample), optional ``mask``.
-    Returns: 0-dim tensor in (0, 1] (NaN if the mask keeps nothing). Chapter: 13_engineering_checklist.
-    """
-    V.float_tensor(log_weights, "log_weights", min_dim=0)
-    m = _mask(mask, log_weights, "log_weights")
-    lw = log_weights.detach().flatten()
-    if m is not None:
-        lw = lw[m.flatten()]
-    n = lw.numel()
-    if n == 0:
-        return torch.full((), math.nan, dtype=log_weights.dtype, device=log_weights.device)
-    return torch.exp(2 * torch.logsumexp(lw, 0) - torch.logsumexp(2 * lw, 0)) / n
-
-
-def mean_by_age(values: Tensor, ages: Tensor, mask: Optional[Tensor] = None,
-                max_age: Optional[int] = None) -> Tensor:
+def mean_by_age(values: Tensor, ages: Tensor, mask: Tensor | None = None,
+                max_age: int | None = None) -> Tensor:
     r"""Mean of ``values`` over the samples of each age: ``out[a]`` = mean over samples of age ``a``.
 
     ``values`` ``[n, ...]`` (per-sample quantities such as :math:`\tfrac12|\rho_k-1|`; any trailing
@@ -590,17 +538,15 @@ def mean_by_age(values: Tensor, ages: Tensor, mask: Optional[Tensor] = None,
     (default: the largest age present), NaN for ages with no sample. Chapter: 12_clipping_staleness.
     """
     V.float_tensor(values, "values", min_dim=1)
-    if not isinstance(ages, torch.Tensor) or ages.dtype != torch.long or ages.dim() != 1 \
-            or ages.shape[0] != values.shape[0]:
-        raise ValueError(f"ages must be a LongTensor of shape [{values.shape[0]}] (one age per sample)")
-    if ages.numel() and int(ages.min()) < 0:
-        raise ValueError("ages must be >= 0")
-    m = _mask(mask, values, "values")
-    top = (int(ages.max()) if ages.numel() else 0) if max_age is None else _int(max_age, "max_age")
+    V.index_tensor(ages, "ages", shape=(values.shape[0],), shape_of="one age per sample of values")
+    V.tensor_in(ages, "ages", 0)
+    m = V.bool_mask(mask, values, "values")
+    top = (int(ages.max()) if ages.numel() else 0) if max_age is None else V.positive_int(max_age, "max_age", minimum=0)
     w = torch.ones_like(values, dtype=values.dtype) if m is None else m.to(values.dtype)
     x = torch.where(w > 0, values, torch.zeros((), dtype=values.dtype, device=values.device))
-    s = x.reshape(x.shape[0], -1).sum(-1)
-    c = w.reshape(w.shape[0], -1).sum(-1)
+    per = math.prod(x.shape[1:])                       # trailing (token) entries per sample; B = 0 is fine
+    s = x.reshape(x.shape[0], per).sum(-1)
+    c = w.reshape(w.shape[0], per).sum(-1)
     keep = ages <= top
     tot = torch.zeros(top + 1, dtype=values.dtype, device=values.device).index_add_(0, ages[keep], s[keep])
     cnt = torch.zeros(top + 1, dtype=values.dtype, device=values.device).index_add_(0, ages[keep], c[keep])
@@ -611,6 +557,7 @@ def mean_by_age(values: Tensor, ages: Tensor, mask: Optional[Tensor] = None,
 # Monitors and alerts
 # ============================================================================================
 
+#: The metrics a :class:`Threshold` can watch, with what each measures.
 METRICS = {
     "update_shift": "U_k = 1/2 mean|rho_{k+1} - rho_k|, the size of the update (expected TV)",
     "staleness": "S_k = 1/2 mean|rho_k - 1| over the sampled batch, before any filter",
@@ -635,22 +582,21 @@ class Threshold:
     """
 
     metric: str
-    max: Optional[float] = None
-    min: Optional[float] = None
+    max: float | None = None
+    min: float | None = None
     patience: int = 1
 
     def __post_init__(self):
-        if self.metric not in METRICS:
-            raise ValueError(f"Threshold.metric must be one of {sorted(METRICS)}, got {self.metric!r}")
+        V.choice(self.metric, "Threshold.metric", sorted(METRICS))
         if self.max is None and self.min is None:
             raise ValueError(f"Threshold({self.metric!r}): give max, min or both")
         for name in ("max", "min"):
             v = getattr(self, name)
             if v is not None:
                 object.__setattr__(self, name, V.finite_float(v, f"Threshold.{name}"))
-        if self.max is not None and self.min is not None and self.min >= self.max:
-            raise ValueError(f"Threshold({self.metric!r}): min ({self.min}) must be < max ({self.max})")
-        _int(self.patience, "Threshold.patience", 1)
+        if self.max is not None and self.min is not None:
+            V.ordered(self.min, "Threshold.min", self.max, "Threshold.max", strict=True)
+        V.positive_int(self.patience, "Threshold.patience")
 
     def violated(self, value: float) -> bool:
         if not math.isfinite(value):
@@ -666,8 +612,8 @@ class Alert:
     step: int
     metric: str
     value: float
-    min: Optional[float]
-    max: Optional[float]
+    min: float | None
+    max: float | None
     streak: int
 
     @property
@@ -699,18 +645,15 @@ class Monitor:
     """
 
     def __init__(self, thresholds: Iterable[Threshold] = ()):
-        self.thresholds = tuple(thresholds)
-        for t in self.thresholds:
-            if not isinstance(t, Threshold):
-                raise TypeError(f"thresholds must be Threshold objects, got {type(t).__name__}")
-        self.history: Dict[str, List[float]] = {}
-        self.steps: List[int] = []
-        self.alerts: List[Alert] = []
+        self.thresholds = V.tuple_of(tuple(thresholds), "thresholds", Threshold)
+        self.history: dict[str, list[float]] = {}
+        self.steps: list[int] = []
+        self.alerts: list[Alert] = []
         self._streak = [0] * len(self.thresholds)
         self.ok = True
 
-    def update(self, step: int, **metrics: float) -> List[Alert]:
-        step = _int(step, "step")
+    def update(self, step: int, **metrics: float) -> list[Alert]:
+        step = V.positive_int(step, "step", minimum=0)
         n = len(self.steps)
         self.steps.append(step)
         for k, v in metrics.items():
@@ -742,15 +685,15 @@ class Monitor:
 
     @staticmethod
     def replay(trace: Mapping[str, Sequence[float]], thresholds: Iterable[Threshold],
-               steps: Optional[Sequence[int]] = None) -> List[Alert]:
+               steps: Sequence[int] | None = None) -> list[Alert]:
         """The alerts ``thresholds`` would have fired on a recorded ``trace`` (metric -> values)."""
-        lengths = {len(v) for v in trace.values()}
-        if len(lengths) != 1:
-            raise ValueError(f"every metric of trace must have the same length, got lengths {sorted(lengths)}")
-        n = lengths.pop()
+        V.positive_int(len(trace), "the number of metrics in trace")
+        (k0, v0), *rest = trace.items()
+        for k, v in rest:
+            V.same_length(v, f"trace[{k!r}]", v0, f"trace[{k0!r}]")
+        n = len(v0)
         steps = list(range(n)) if steps is None else list(steps)
-        if len(steps) != n:
-            raise ValueError(f"steps has {len(steps)} entries for a trace of length {n}")
+        V.same_length(steps, "steps", v0, f"trace[{k0!r}]")
         mon = Monitor(thresholds)
         for i in range(n):
             mon.update(int(steps[i]), **{k: v[i] for k, v in trace.items()})
@@ -766,24 +709,21 @@ class Checkpoint:
     """
 
     def __init__(self):
-        self.step: Optional[int] = None
-        self._states: Optional[list] = None
+        self.step: int | None = None
+        self._states: list | None = None
 
     def save(self, step: int, *objects) -> None:
-        step = _int(step, "step")
-        if not objects:
-            raise ValueError("save needs at least one module or optimiser")
-        for o in objects:
-            if not hasattr(o, "state_dict"):
-                raise TypeError(f"cannot checkpoint a {type(o).__name__}: it has no state_dict()")
+        step = V.positive_int(step, "step", minimum=0)
+        V.positive_int(len(objects), "the number of modules and optimisers passed to save")
+        for i, o in enumerate(objects):
+            V.has_method(o, f"objects[{i}]", "state_dict")
         self._states = [copy.deepcopy(o.state_dict()) for o in objects]
         self.step = step
 
     def restore(self, *objects) -> int:
         if self._states is None:
             raise RuntimeError("no checkpoint saved yet")
-        if len(objects) != len(self._states):
-            raise ValueError(f"restore needs the same {len(self._states)} objects that were saved, got {len(objects)}")
+        V.same_length(objects, "the objects passed to restore", self._states, "the objects saved")
         for o, s in zip(objects, self._states):
             o.load_state_dict(copy.deepcopy(s))
         return self.step
@@ -797,13 +737,21 @@ class Checkpoint:
 # The validated configuration
 # ============================================================================================
 
+#: The clipped objectives of :class:`StaleTrainingConfig` (``method``).
 METHODS = ("standard", "adaptive", "decoupled")
+#: The clip-radius schedules of :class:`StaleTrainingConfig` (``clip_schedule``).
 CLIP_SCHEDULES = ("constant", "geppo", "age")
 ON_ALERT = ("log", "rollback", "stop")
 
 
-@dataclass
-class StaleTrainingConfig:
+def _as_lag(x, name: str) -> LagDistribution:
+    """The ``lag`` field: a :class:`LagDistribution`, or an int >= 0 for a fixed lag."""
+    V.instance_of(x, name, (LagDistribution, numbers.Integral), "LagDistribution or an int >= 0")
+    return x if isinstance(x, LagDistribution) else LagDistribution.fixed(V.positive_int(x, name, minimum=0))
+
+
+@dataclass(frozen=True)
+class StaleTrainingConfig(V.ValidatedConfig):
     r"""The staleness knobs of a trainer, checked when the object is built.
 
     The source article sketches such a config with four asserts; this one checks every field's
@@ -840,90 +788,35 @@ class StaleTrainingConfig:
     Chapter: 13_engineering_checklist.
     """
 
-    method: str = "adaptive"
-    clip_eps: float = 0.2
-    clip_schedule: str = "constant"
-    lag: Union[LagDistribution, int] = 0
-    version_window: Optional[int] = None
-    eps_stale: Optional[float] = None
-    filter_level: str = "token"
-    behav_clip: Optional[float] = None
-    thresholds: Tuple[Threshold, ...] = ()
-    on_alert: str = "log"
-    checkpoint_every: int = 5
-    max_rollbacks: int = 3
-    rollback_lr_factor: float = 0.5
+    method: str = V.choice_field("adaptive", METHODS)
+    clip_eps: float = V.number_field(0.2, 0.0, 1.0, lo_open=True, hi_open=True)
+    clip_schedule: str = V.choice_field("constant", CLIP_SCHEDULES)
+    lag: LagDistribution | int = V.config_field(0, _as_lag)
+    version_window: int | None = V.int_field(None, optional=True)
+    eps_stale: float | None = V.number_field(None, 0.0, lo_open=True, optional=True)
+    filter_level: str = V.choice_field("token", FILTER_LEVELS)
+    behav_clip: float | None = V.number_field(None, 0.0, lo_open=True, optional=True)
+    thresholds: tuple[Threshold, ...] = V.config_field((), V.tuple_of, Threshold)
+    on_alert: str = V.choice_field("log", ON_ALERT)
+    checkpoint_every: int = V.int_field(5)
+    max_rollbacks: int = V.int_field(3)
+    rollback_lr_factor: float = V.number_field(0.5, 0.0, 1.0, lo_open=True)
 
     def __post_init__(self):
-        def bad(name, msg):
-            return ValueError(f"StaleTrainingConfig.{name}: {msg}")
-
-        def choice(name, options):
-            v = getattr(self, name)
-            if v not in options:
-                raise bad(name, f"must be one of {options}, got {v!r}")
-
-        def num(name, lo, hi, lo_open=True, hi_open=False, allow_none=False):
-            v = getattr(self, name)
-            if v is None and allow_none:
-                return
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise bad(name, f"must be a finite number{' or None' if allow_none else ''}, got {v!r}")
-            ok = (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
-            if not ok:
-                raise bad(name, f"must lie in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}, got {v!r}")
-            setattr(self, name, float(v))
-
-        def pos_int(name, allow_none=False):
-            v = getattr(self, name)
-            if v is None and allow_none:
-                return
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise bad(name, f"must be an int >= 1{' or None' if allow_none else ''}, got {v!r}")
-
-        choice("method", METHODS)
-        num("clip_eps", 0.0, 1.0, hi_open=True)
-        choice("clip_schedule", CLIP_SCHEDULES)
-        if isinstance(self.lag, bool):
-            raise bad("lag", f"must be a LagDistribution or an int >= 0, got {self.lag!r}")
-        if isinstance(self.lag, int):
-            if self.lag < 0:
-                raise bad("lag", f"a fixed lag must be >= 0 versions, got {self.lag}")
-            self.lag = LagDistribution.fixed(self.lag)
-        if not isinstance(self.lag, LagDistribution):
-            raise bad("lag", f"must be a LagDistribution or an int >= 0, got {type(self.lag).__name__}")
-        pos_int("version_window", allow_none=True)
-        num("eps_stale", 0.0, math.inf, allow_none=True)
-        choice("filter_level", FILTER_LEVELS)
-        num("behav_clip", 0.0, math.inf, allow_none=True)
-        if not isinstance(self.thresholds, (tuple, list)):
-            raise bad("thresholds", f"must be a tuple of Threshold, got {type(self.thresholds).__name__}")
-        for i, t in enumerate(self.thresholds):
-            if not isinstance(t, Threshold):
-                raise bad("thresholds", f"entry {i} must be a Threshold, got {type(t).__name__}")
-        self.thresholds = tuple(self.thresholds)
-        choice("on_alert", ON_ALERT)
-        pos_int("checkpoint_every")
-        pos_int("max_rollbacks")
-        num("rollback_lr_factor", 0.0, 1.0)
-
-        # ---- consistency between fields --------------------------------------------------
+        super().__post_init__()             # each field's type and range; then the rules between fields
+        name = type(self).__name__
         if self.version_window is not None and self.version_window <= self.lag.min:
-            raise bad("version_window", f"= {self.version_window} keeps only data younger than "
-                      f"{self.version_window} versions, but {self.lag!r} is never below {self.lag.min}: every "
-                      f"sample would be dropped. Use version_window > {self.lag.min} (>= {self.lag.max + 1} "
-                      f"keeps all data) or reduce the lag")
+            raise ValueError(f"{name}.version_window = {self.version_window} keeps only data younger than "
+                             f"{self.version_window} versions, but {self.lag!r} is never below {self.lag.min}: "
+                             f"every sample would be dropped. Use version_window > {self.lag.min} "
+                             f"(>= {self.lag.max + 1} keeps all data) or reduce the lag")
         if self.behav_clip is not None and self.method != "decoupled":
-            raise bad("behav_clip", f"truncates the behaviour weight of method='decoupled'; with "
-                      f"method={self.method!r} it would be ignored. Remove it or use method='decoupled'")
+            raise ValueError(f"{name}.behav_clip truncates the behaviour weight of method='decoupled'; with "
+                             f"method={self.method!r} it would be ignored. Remove it or use method='decoupled'")
         if self.on_alert != "log" and not self.thresholds:
-            raise bad("on_alert", f"= {self.on_alert!r} acts on alerts, but thresholds is empty, so no "
-                      f"alert can fire. Add Threshold rules or use on_alert='log'")
-        seen = set()
-        for t in self.thresholds:
-            if t.metric in seen:
-                raise bad("thresholds", f"two rules for {t.metric!r}; merge them into one Threshold(min=..., max=...)")
-            seen.add(t.metric)
+            raise ValueError(f"{name}.on_alert = {self.on_alert!r} acts on alerts, but thresholds is empty, so "
+                             f"no alert can fire. Add Threshold rules or use on_alert='log'")
+        V.distinct([t.metric for t in self.thresholds], f"{name}.thresholds")   # one rule per metric
 
     # ---- derived quantities ----------------------------------------------------------------
     def alert_action(self, alerts, rollbacks_done: int) -> str:
@@ -944,7 +837,7 @@ class StaleTrainingConfig:
         """Share of the data the version window drops, under the lag distribution (0 without a window)."""
         return 0.0 if self.version_window is None else self.lag.share_at_least(self.version_window)
 
-    def clip_radius(self, ages: Optional[Tensor] = None) -> Union[float, Tensor]:
+    def clip_radius(self, ages: Tensor | None = None) -> float | Tensor:
         """The clip radius: a float (``"constant"``, ``"geppo"``) or, for ``"age"``, one per sample of ``ages``."""
         if self.clip_schedule == "constant":
             return self.clip_eps
@@ -955,8 +848,7 @@ class StaleTrainingConfig:
                 s = sum(w)
                 w = tuple(x / s for x in w)
             return geppo_clip_radius(self.clip_eps, w)
-        if ages is None:
-            raise ValueError("clip_schedule='age' gives one radius per sample: pass ages")
+        V.given(ages, "ages", "clip_schedule='age' gives one radius per sample")
         return age_clip_radius(self.clip_eps, ages)
 
     def to_dict(self) -> dict:
@@ -964,3 +856,78 @@ class StaleTrainingConfig:
         d["lag"] = repr(self.lag)
         d["thresholds"] = [repr(t) for t in self.thresholds]
         return d
+
+
+@dataclass(frozen=True)
+class GuardDecision:
+    """What :meth:`TrainingGuard.update` decided at one update.
+
+    ``action`` is ``"continue"``, ``"rollback"`` (already done: the weights are the last good
+    ones again) or ``"stop"``; ``alerts`` the alerts fired at this update; ``restored_to`` the
+    update the restored checkpoint was saved at (rollback only).
+    """
+
+    action: str
+    alerts: tuple[Alert, ...] = ()
+    restored_to: int | None = None
+
+    @property
+    def rolled_back(self) -> bool:
+        return self.action == "rollback"
+
+    @property
+    def stop(self) -> bool:
+        return self.action == "stop"
+
+
+class TrainingGuard:
+    r"""The alert and rollback logic of a stale-data trainer, written once (chapter 13).
+
+    Built from a :class:`StaleTrainingConfig` and the objects to checkpoint (the model and its
+    optimiser), it saves them as the first "last good" :class:`Checkpoint` (update 0). After every
+    update the trainer calls ``decision = guard.update(step, **metrics)``, which
+
+    1. feeds the metrics to the :class:`Monitor` of ``config.thresholds``;
+    2. applies ``config.alert_action`` (``on_alert``, ``max_rollbacks``);
+    3. on ``"rollback"``: restores the last good checkpoint into the same objects, multiplies
+       ``lr_scale`` by ``config.rollback_lr_factor``, forgets the monitor's violation streaks and
+       records ``(step, restored_to)`` in ``rollbacks``;
+    4. on ``"continue"`` with no rule violated, saves a new checkpoint (as update ``step + 1``)
+       every ``config.checkpoint_every`` updates,
+
+    and returns a :class:`GuardDecision`. What is specific to a trainer stays in the trainer:
+    multiplying its learning rate by ``guard.lr_scale`` and, after a rollback, discarding data
+    that the undone versions produced.
+
+    Both stale trainers use it: :func:`rlkit.algos.train_stale_ppo` and
+    :func:`rlkit.llm.stale.train_stale_grpo`. Chapter: 13_engineering_checklist.
+    """
+
+    def __init__(self, config: StaleTrainingConfig, *objects):
+        self.config = V.instance_of(config, "config", StaleTrainingConfig)
+        self.objects = objects
+        self.monitor = Monitor(config.thresholds)
+        self.checkpoint = Checkpoint()
+        self.checkpoint.save(0, *objects)
+        self.lr_scale = 1.0
+        self.rollbacks: list[tuple[int, int]] = []
+
+    @property
+    def alerts(self) -> list[Alert]:
+        """Every alert fired so far."""
+        return self.monitor.alerts
+
+    def update(self, step: int, **metrics: float) -> GuardDecision:
+        """Check the metrics of update ``step``; roll back or save as the config says."""
+        cfg = self.config
+        alerts = tuple(self.monitor.update(step, **metrics))
+        action = cfg.alert_action(alerts, len(self.rollbacks))
+        if action == "rollback":
+            restored = self.checkpoint.restore(*self.objects)
+            self.rollbacks.append((step, restored))
+            self.lr_scale *= cfg.rollback_lr_factor
+            self.monitor.reset_streaks()
+            return GuardDecision(action, alerts, restored)
+        if action == "continue" and self.monitor.ok and (step + 1) % cfg.checkpoint_every == 0:
+            self.checkpoint.save(step + 1, *self.objects)
+        return GuardDecision(action, alerts)

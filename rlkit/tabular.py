@@ -1,37 +1,50 @@
-"""Finite MDPs solved exactly, in batches, and the bounds of Part II checked on them.
+r"""Finite MDPs solved exactly, in batches, and the bounds of Part II checked on them.
 
 Everything here is a dense linear-algebra computation in torch (float64 by default), batched over
 any number of leading dimensions, so that thousands of MDP/policy pairs are solved in one call of
 ``torch.linalg.solve`` on a ``[B, S, S]`` tensor.
 
-Shapes and conventions (``*B`` is any batch shape, the same for every argument of one call):
+Shapes and conventions (``*B`` is any batch shape, the same for every argument of one call; the
+symbols are the book's, chapter 9):
 
-* transition kernel ``P[*B, s, a, s'] = Pr(s' | s, a)``, rewards ``R[*B, s, a]``, initial
-  distribution ``rho0[*B, s]``, discount ``gamma`` (float or tensor ``[*B]``, in ``[0, 1)``);
-* a policy is a tensor ``pi[*B, s, a] = pi(a | s)``;
-* ``J(pi) = E[sum_t gamma^t r_t]`` (no ``1 - gamma`` factor in front);
-* the discounted state visitation is NORMALISED:
-  ``d_pi(s) = (1 - gamma) sum_t gamma^t Pr(s_t = s)``, so ``sum_s d_pi(s) = 1`` and
-  ``J(pi) = E_{s ~ d_pi, a ~ pi}[R(s, a)] / (1 - gamma)``;
-* ``D_TV(p, q; s) = 1/2 sum_a |p(a|s) - q(a|s)|``.
+* transition kernel ``P[*B, s, a, s']`` :math:`= P(s'\mid s, a)`, rewards ``R[*B, s, a]``
+  :math:`= R(s, a)`, initial distribution ``rho0[*B, s]`` :math:`= \rho_0(s)`, discount
+  ``gamma`` :math:`= \gamma \in [0, 1)` (a float or a tensor ``[*B]``);
+* a policy is a tensor ``pi[*B, s, a]`` :math:`= \pi(a\mid s)`;
+* the return has no :math:`1-\gamma` factor in front:
+  :math:`J(\pi) = \mathbb E\big[\sum_{t\ge0}\gamma^t r_t\big]`, :math:`s_0\sim\rho_0`;
+* the discounted state visitation is NORMALISED (chapter 9, eq-ch09-visitation and eq-ch09-J-d):
 
-Mixtures of M policies live on the augmented state space ``S x I`` (Chapters 10 and 11); an
-augmented state ``(s, i)`` has the flat index ``s * M + i``, so ``x.reshape(*B, S, M)`` recovers
-the two coordinates of any per-augmented-state tensor ``x[*B, S * M]``.
+  .. math::
 
-Chapters: 9 (performance difference lemma, single-policy bound), 10 (static mixtures),
-11 (dynamic mixing, U_k and S_k).
+      d_\pi(s) = (1-\gamma)\sum_{t\ge0}\gamma^t \Pr(s_t = s),\qquad \sum_s d_\pi(s) = 1,\qquad
+      J(\pi) = \frac{1}{1-\gamma}\,\mathbb E_{s\sim d_\pi,\ a\sim\pi(\cdot\mid s)}\big[R(s, a)\big];
+
+* the total-variation distance is taken per state, with its factor one half:
+  :math:`D_{\mathrm{TV}}(p, q; s) = \tfrac12\sum_a |p(a\mid s) - q(a\mid s)|`.
+
+Mixtures of :math:`M` policies live on the augmented state space
+:math:`\tilde{\mathcal S} = \mathcal S\times\mathcal I` (chapters 10 and 11); an augmented state
+:math:`(s, i)` has the flat index :math:`sM + i`, so ``x.reshape(*B, S, M)`` recovers the two
+coordinates of any per-augmented-state tensor ``x[*B, S * M]``.
+
+Chapters: 09_single_policy_bound (performance difference lemma, single-policy bound),
+10_static_mixtures (static mixtures), 11_dynamic_mixing (dynamic mixing, :math:`U_k` and
+:math:`S_k`).
 """
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import Optional, Sequence, Union
 
 import torch
 
+from . import _validate
+from . import _validate as V  # q_value's argument V shadows the alias there: it uses _validate
+from .staleness import half_abs_ratio_diff
+
 Tensor = torch.Tensor
-GammaLike = Union[float, Tensor]
+GammaLike = float | Tensor
 
 __all__ = [
     "FiniteMDP",
@@ -64,58 +77,17 @@ __all__ = [
     "DynamicMixtureTerms",
     "dynamic_mixture_terms",
     "sample_state_actions",
-    "half_abs_ratio_diff",
     "estimate_update_and_staleness",
 ]
 
-_ATOL = 1e-6  # tolerance for "this is a probability distribution" checks
 
 
-# --------------------------------------------------------------------------------------------
-# validation helpers
-# --------------------------------------------------------------------------------------------
-def _check_tensor(x, name: str, min_dim: int) -> Tensor:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not torch.is_floating_point(x):
-        raise TypeError(f"{name} must be a floating-point tensor (float64 recommended), got {x.dtype}")
-    if x.dim() < min_dim:
-        raise ValueError(f"{name} must have at least {min_dim} dimensions, got shape {tuple(x.shape)}")
-    return x
-
-
-def _check_distribution(x: Tensor, name: str, what: str) -> None:
-    if not torch.isfinite(x).all():
-        raise ValueError(f"{name} contains NaN or inf")
-    if (x < -_ATOL).any():
-        raise ValueError(f"{name} must be non-negative ({what})")
-    err = (x.sum(-1) - 1).abs().max().item() if x.numel() else 0.0
-    if err > _ATOL:
-        raise ValueError(f"{name} must sum to 1 over its last dimension ({what}); max |sum - 1| = {err:.3g}")
-
-
-def _check_policy(pi, name: str, batch_shape: torch.Size, n_states: int, n_actions: int) -> Tensor:
-    pi = _check_tensor(pi, name, 2)
-    expected = (*batch_shape, n_states, n_actions)
-    if tuple(pi.shape) != expected:
-        raise ValueError(f"{name} must have shape [*B, S, A] = {expected}, got {tuple(pi.shape)}")
-    _check_distribution(pi, name, "pi[..., s, :] is a distribution over actions")
-    return pi
+_POLICY = "pi[..., s, :] is a distribution over actions"
 
 
 def _as_gamma(gamma: GammaLike, batch_shape: torch.Size, like: Tensor) -> Tensor:
-    if isinstance(gamma, (int, float)) and not isinstance(gamma, bool):
-        g = torch.full(batch_shape, float(gamma), dtype=like.dtype, device=like.device)
-    elif isinstance(gamma, torch.Tensor):
-        if tuple(gamma.shape) not in ((), tuple(batch_shape)):
-            raise ValueError(f"gamma must be a float, a 0-d tensor or a tensor of shape {tuple(batch_shape)}, "
-                             f"got shape {tuple(gamma.shape)}")
-        g = gamma.to(dtype=like.dtype, device=like.device).expand(batch_shape).clone()
-    else:
-        raise TypeError(f"gamma must be a float or a tensor, got {type(gamma).__name__}")
-    if not ((g >= 0) & (g < 1)).all():
-        raise ValueError("gamma must lie in [0, 1)")
-    return g
+    """``gamma`` (a number or one per batch element) as a ``[*B]`` tensor in ``[0, 1)``."""
+    return V.per_batch(gamma, "gamma", batch_shape, like, 0.0, 1.0, hi_open=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -123,11 +95,16 @@ def _as_gamma(gamma: GammaLike, batch_shape: torch.Size, like: Tensor) -> Tensor
 # --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class FiniteMDP:
-    """A batch of finite discounted MDPs (Chapter 9).
+    r"""A batch of finite discounted MDPs (chapter 9).
 
-    Fields: ``P[*B, S, A, S]`` transition probabilities, ``R[*B, S, A]`` expected rewards,
-    ``rho0[*B, S]`` initial state distribution, ``gamma[*B]`` discounts (a float is expanded).
-    The constructor validates shapes and that ``P`` and ``rho0`` are distributions.
+    The constructor validates the shapes and that ``P`` and ``rho0`` are distributions; a float
+    ``gamma`` is expanded to the batch shape.
+
+    Attributes:
+        P: ``[*B, S, A, S]`` transition probabilities :math:`P(s'\mid s, a)`.
+        R: ``[*B, S, A]`` expected rewards :math:`R(s, a)`.
+        rho0: ``[*B, S]`` initial-state distribution :math:`\rho_0(s)`.
+        gamma: ``[*B]`` discounts :math:`\gamma\in[0, 1)`.
     """
 
     P: Tensor
@@ -136,76 +113,90 @@ class FiniteMDP:
     gamma: Tensor
 
     def __post_init__(self):
-        P = _check_tensor(self.P, "P", 3)
-        B, S, A = P.shape[:-3], P.shape[-3], P.shape[-2]
-        if P.shape[-1] != S:
-            raise ValueError(f"P must have shape [*B, S, A, S], got {tuple(P.shape)}")
-        _check_distribution(P, "P", "P[..., s, a, :] is a distribution over next states")
-        R = _check_tensor(self.R, "R", 2)
-        if tuple(R.shape) != (*B, S, A):
-            raise ValueError(f"R must have shape [*B, S, A] = {(*B, S, A)}, got {tuple(R.shape)}")
-        if not torch.isfinite(R).all():
-            raise ValueError("R contains NaN or inf")
-        rho0 = _check_tensor(self.rho0, "rho0", 1)
-        if tuple(rho0.shape) != (*B, S):
-            raise ValueError(f"rho0 must have shape [*B, S] = {(*B, S)}, got {tuple(rho0.shape)}")
-        _check_distribution(rho0, "rho0", "initial state distribution")
-        for name, t in (("R", R), ("rho0", rho0)):
-            if t.dtype != P.dtype or t.device != P.device:
-                raise TypeError(f"{name} must have the dtype and device of P ({P.dtype}, {P.device}), "
-                                f"got {t.dtype}, {t.device}")
-        object.__setattr__(self, "gamma", _as_gamma(self.gamma, B, P))
+        P = V.float_tensor(self.P, "P", min_dim=3)
+        sizes = V.layout("... S A S", P=P)
+        V.distribution(P, "P", "P[..., s, a, :] is a distribution over next states")
+        V.layout("... S A", sizes, floating=True, R=self.R)
+        V.all_finite(V.same_kind(self.R, "R", P, "P"), "R")
+        V.layout("... S", sizes, floating=True, rho0=self.rho0)
+        V.distribution(V.same_kind(self.rho0, "rho0", P, "P"), "rho0", "initial state distribution")
+        object.__setattr__(self, "gamma", _as_gamma(self.gamma, sizes["..."], P))
 
     @property
     def batch_shape(self) -> torch.Size:
+        r"""The batch shape ``*B`` (``torch.Size([])`` for a single MDP)."""
         return self.P.shape[:-3]
 
     @property
+    def policy_shape(self) -> tuple:
+        r"""``(*B, S, A)``, the shape of a policy on this MDP."""
+        return (*self.batch_shape, self.n_states, self.n_actions)
+
+    @property
     def n_states(self) -> int:
+        r"""The number of states :math:`S = |\mathcal S|`."""
         return self.P.shape[-3]
 
     @property
     def n_actions(self) -> int:
+        r"""The number of actions :math:`A = |\mathcal A|`."""
         return self.P.shape[-2]
 
-    def to(self, *args, **kwargs) -> "FiniteMDP":
+    def to(self, *args, **kwargs) -> FiniteMDP:
+        r"""A copy with every field moved by ``Tensor.to(*args, **kwargs)`` (a device, a dtype), validated."""
         return FiniteMDP(*(getattr(self, f.name).to(*args, **kwargs) for f in fields(self)))
 
-    def __getitem__(self, index) -> "FiniteMDP":
-        """Index the batch dimensions, e.g. ``mdp[3]`` or ``mdp[:10]``."""
+    def __getitem__(self, index) -> FiniteMDP:
+        r"""Index the batch dimensions, e.g. ``mdp[3]`` or ``mdp[:10]`` (``IndexError`` if there are none)."""
         if not self.batch_shape:
             raise IndexError("this FiniteMDP has no batch dimension to index")
         return FiniteMDP(self.P[index], self.R[index], self.rho0[index], self.gamma[index])
 
 
-def _gen_device(generator: Optional[torch.Generator]) -> torch.device:
+def _gen_device(generator: torch.Generator | None) -> torch.device:
     return generator.device if generator is not None else torch.device("cpu")
 
 
 def _as_batch(batch) -> tuple:
-    if isinstance(batch, int):
-        batch = (batch,)
-    batch = tuple(batch)
-    if any((not isinstance(b, int)) or b < 1 for b in batch):
-        raise ValueError(f"batch must be a positive int or a tuple of positive ints, got {batch}")
-    return batch
+    """``batch`` (an int or a tuple of ints, each >= 1) as a tuple."""
+    if not isinstance(batch, (list, tuple)):
+        return (V.positive_int(batch, "batch"),)
+    return tuple(V.positive_int(b, f"batch[{i}]") for i, b in enumerate(batch))
 
 
-def random_mdp(batch: Union[int, Sequence[int]], n_states: int, n_actions: int, gamma: GammaLike = 0.9, *,
-               peakiness: float = 2.0, reward_scale: float = 1.0, generator: Optional[torch.Generator] = None,
+def random_mdp(batch: int | Sequence[int], n_states: int, n_actions: int, gamma: GammaLike = 0.9, *,
+               peakiness: float = 2.0, reward_scale: float = 1.0, generator: torch.Generator | None = None,
                dtype: torch.dtype = torch.float64, device=None) -> FiniteMDP:
-    """Sample a batch of random finite MDPs (Chapter 9).
+    r"""Sample a batch of random finite MDPs (chapter 9).
 
-    ``P(.|s, a) = softmax(peakiness * z)`` with ``z ~ N(0, I)``, so a large ``peakiness`` gives nearly
-    deterministic transitions; ``R(s, a) ~ reward_scale * N(0, 1)``; ``rho0 = softmax(N(0, I))``.
-    Shapes: ``P[*batch, S, A, S]``, ``R[*batch, S, A]``, ``rho0[*batch, S]``.
-    Random numbers come from ``generator`` (on its own device), then move to ``device``.
+    .. math::
+
+        P(\cdot\mid s, a) = \mathrm{softmax}(c\, z_{s,a}),\qquad
+        R(s, a) = \sigma_R\,\xi_{s,a},\qquad
+        \rho_0 = \mathrm{softmax}(\zeta),
+
+    with :math:`c` = ``peakiness``, :math:`\sigma_R` = ``reward_scale``, and independent
+    :math:`z_{s,a}\sim\mathcal N(0, I_S)`, :math:`\xi_{s,a}\sim\mathcal N(0, 1)`,
+    :math:`\zeta\sim\mathcal N(0, I_S)`; a large ``peakiness`` gives nearly deterministic
+    transitions. Random numbers come from ``generator`` (on its own device), then move
+    to ``device``.
+
+    Args:
+        batch: the batch shape, an int or a sequence of ints, each :math:`\ge 1`.
+        n_states, n_actions: :math:`S` and :math:`A`, each :math:`\ge 1`.
+        gamma: the discount :math:`\gamma\in[0, 1)`, a float or a tensor of shape ``batch``.
+        peakiness: :math:`\ge 0`; 0 gives uniform transitions.
+        reward_scale: standard deviation of the rewards.
+        generator, dtype, device: where the random numbers come from, their dtype, the result's device.
+
+    Returns:
+        A :class:`FiniteMDP` with ``P[*batch, S, A, S]``, ``R[*batch, S, A]``, ``rho0[*batch, S]``.
     """
     batch = _as_batch(batch)
-    if n_states < 1 or n_actions < 1:
-        raise ValueError(f"n_states and n_actions must be >= 1, got {n_states}, {n_actions}")
-    if peakiness < 0:
-        raise ValueError(f"peakiness must be >= 0, got {peakiness}")
+    V.positive_int(n_states, "n_states")
+    V.positive_int(n_actions, "n_actions")
+    V.real_in(peakiness, "peakiness", 0.0)
+    V.real_in(reward_scale, "reward_scale")
     gd = _gen_device(generator)
     z = torch.randn(*batch, n_states, n_actions, n_states, generator=generator, dtype=dtype, device=gd)
     P = torch.softmax(peakiness * z, dim=-1)
@@ -214,40 +205,62 @@ def random_mdp(batch: Union[int, Sequence[int]], n_states: int, n_actions: int, 
     return FiniteMDP(P, R, rho0, gamma).to(device if device is not None else gd)
 
 
-def random_policy(batch: Union[int, Sequence[int]], n_states: int, n_actions: int, *, temperature: float = 1.0,
-                  generator: Optional[torch.Generator] = None, dtype: torch.dtype = torch.float64,
+def random_policy(batch: int | Sequence[int], n_states: int, n_actions: int, *, temperature: float = 1.0,
+                  generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64,
                   device=None) -> Tensor:
-    """A batch of random softmax policies ``pi = softmax(z / temperature)``, ``z ~ N(0, I)`` (Chapter 9).
+    r"""A batch of random softmax policies (chapter 9).
 
-    Returns ``pi[*batch, S, A]``; every action has positive probability.
+    .. math::
+
+        \pi(\cdot\mid s) = \mathrm{softmax}(z_s/\text{temperature}),\qquad z_s\sim\mathcal N(0, I_A).
+
+    Args:
+        batch: the batch shape, an int or a sequence of ints, each :math:`\ge 1`.
+        n_states, n_actions: :math:`S` and :math:`A`, each :math:`\ge 1`.
+        temperature: :math:`> 0`; small values give nearly deterministic policies.
+        generator, dtype, device: as in :func:`random_mdp`.
+
+    Returns:
+        ``pi[*batch, S, A]``; every action has positive probability.
     """
     batch = _as_batch(batch)
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
+    V.positive_int(n_states, "n_states")
+    V.positive_int(n_actions, "n_actions")
+    V.real_in(temperature, "temperature", 0.0, lo_open=True)
     z = torch.randn(*batch, n_states, n_actions, generator=generator, dtype=dtype, device=_gen_device(generator))
     pi = torch.softmax(z / temperature, dim=-1)
     return pi.to(device) if device is not None else pi
 
 
 def uniform_policy(mdp: FiniteMDP) -> Tensor:
-    """The uniform policy ``pi(a|s) = 1/A`` with shape ``[*B, S, A]`` (Chapter 9)."""
+    r"""The uniform policy :math:`\pi(a\mid s) = 1/A`, shape ``[*B, S, A]`` (chapter 9)."""
     return torch.full((*mdp.batch_shape, mdp.n_states, mdp.n_actions), 1.0 / mdp.n_actions,
                       dtype=mdp.P.dtype, device=mdp.P.device)
 
 
-def perturb_policy(pi: Tensor, step: Union[float, Tensor], *, generator: Optional[torch.Generator] = None) -> Tensor:
-    """A nearby policy ``pi' = softmax(log pi + step * z)``, ``z ~ N(0, I)`` (Chapter 9).
+def perturb_policy(pi: Tensor, step: float | Tensor, *, generator: torch.Generator | None = None) -> Tensor:
+    r"""A nearby random policy (chapter 9).
 
-    ``step`` (float, or tensor of shape ``pi.shape[:-2]`` for one size per batch element) sets how far
-    the new policy moves; ``step = 0`` returns ``pi``. Log-probabilities are floored at -50 so that a
-    deterministic ``pi`` does not produce NaN.
+    .. math::
+
+        \pi'(\cdot\mid s) = \mathrm{softmax}\big(\log\pi(\cdot\mid s) + \text{step}\cdot z_s\big),
+        \qquad z_s\sim\mathcal N(0, I_A),
+
+    so ``step = 0`` returns ``pi``. Log-probabilities are floored at -50, so that a deterministic
+    ``pi`` does not produce NaN.
+
+    Args:
+        pi: ``[*B, S, A]``, rows are distributions.
+        step: how far the new policy moves: a float, or a tensor of shape ``pi.shape[:-2]`` (one size
+            per batch element).
+        generator: the source of :math:`z`.
+
+    Returns:
+        ``[*B, S, A]``.
     """
-    pi = _check_tensor(pi, "pi", 2)
-    _check_distribution(pi, "pi", "pi[..., s, :] is a distribution over actions")
-    if isinstance(step, torch.Tensor):
-        if tuple(step.shape) not in ((), tuple(pi.shape[:-2])):
-            raise ValueError(f"step must be a float or have shape {tuple(pi.shape[:-2])}, got {tuple(step.shape)}")
-        step = step.to(dtype=pi.dtype, device=pi.device)[..., None, None]
+    pi = V.float_tensor(pi, "pi", min_dim=2)
+    V.distribution(pi, "pi", "pi[..., s, :] is a distribution over actions")
+    step = V.per_batch(step, "step", pi.shape[:-2], pi)[..., None, None]
     z = torch.randn(pi.shape, generator=generator, dtype=pi.dtype, device=_gen_device(generator)).to(pi.device)
     return torch.softmax(torch.log(pi).clamp_min(-50.0) + step * z, dim=-1)
 
@@ -256,56 +269,83 @@ def perturb_policy(pi: Tensor, step: Union[float, Tensor], *, generator: Optiona
 # hand-built MDPs
 # --------------------------------------------------------------------------------------------
 def contextual_bandit(rho0: Tensor, R: Tensor, gamma: GammaLike = 0.9) -> FiniteMDP:
-    """The single-turn LLM setting (Chapter 9): a prompt ``s ~ rho0``, one response ``a``, reward ``R[s, a]``,
-    then a fresh prompt drawn from ``rho0`` whatever the response was: ``P(s'|s, a) = rho0(s')``.
+    r"""The single-turn LLM setting as an MDP (chapter 9): a prompt :math:`s\sim\rho_0`, one response
+    :math:`a`, reward :math:`R(s, a)`, then a fresh prompt whatever the response was,
 
-    The state distribution does not depend on the policy (``d_pi = rho0`` for every ``pi``), so the
-    surrogate is exact and every state-shift penalty is pure slack (Chapter 9).
-    Shapes: ``rho0[*B, S]``, ``R[*B, S, A]``.
+    .. math::
+
+        P(s'\mid s, a) = \rho_0(s').
+
+    The state distribution does not depend on the policy (:math:`d_\pi = \rho_0` for every
+    :math:`\pi`), so the surrogate is exact (eq-ch09-surrogate-error vanishes) and every state-shift
+    penalty is pure slack.
+
+    Args:
+        rho0: ``[*B, S]``, the prompt distribution :math:`\rho_0`.
+        R: ``[*B, S, A]``.
+        gamma: :math:`\gamma\in[0, 1)`, a float or ``[*B]``.
+
+    Returns:
+        A :class:`FiniteMDP`.
     """
-    rho0 = _check_tensor(rho0, "rho0", 1)
-    R = _check_tensor(R, "R", 2)
+    rho0 = V.float_tensor(rho0, "rho0", min_dim=1)
+    R = V.float_tensor(R, "R", min_dim=2)
     S, A = R.shape[-2], R.shape[-1]
-    if tuple(R.shape[:-1]) != tuple(rho0.shape):
-        raise ValueError(f"R must have shape [*B, S, A] matching rho0 [*B, S] = {tuple(rho0.shape)}, "
-                         f"got {tuple(R.shape)}")
+    V.layout("... S A", V.layout("... S", rho0=rho0), R=R)
     P = rho0[..., None, None, :].expand(*rho0.shape[:-1], S, A, S).clone()
     return FiniteMDP(P, R, rho0, gamma)
 
 
 def tight_example(gamma: GammaLike = 0.9, switch: GammaLike = 0.3, eta: GammaLike = 1e-3, c: GammaLike = 1.0, *,
                   dtype: torch.dtype = torch.float64):
-    """An MDP and two policies for which Theorem 2.2 of Chapter 9 is tight as ``eta -> 0``.
+    r"""An MDP and two policies on which the single-policy bound (chapter 9, thm-ch09-single-policy) is
+    tight as :math:`\eta\to0`.
 
-    States: 0 = start, 1 = X, 2 = Y. From the start, action 0 goes to X and action 1 goes to Y;
-    X and Y are absorbing whatever the action. In X, action 0 pays ``1`` and action 1 pays ``1 - c``;
-    in Y, action 0 pays ``1`` and action 1 pays ``1 + c / eta``.
-    Old policy: go to Y, then always action 0 (so ``V(X) = V(Y)`` and nothing in the old policy's
-    future prefers X). New policy: go to X with probability ``switch``, play the bad action 1 in X,
-    and in Y play the jackpot action 1 with the tiny probability ``eta``.
+    States: 0 = start, 1 = :math:`X`, 2 = :math:`Y`. From the start, action 0 goes to :math:`X` and
+    action 1 goes to :math:`Y`; :math:`X` and :math:`Y` are absorbing whatever the action. In
+    :math:`X` action 0 pays 1 and action 1 pays :math:`1 - c`; in :math:`Y` action 0 pays 1 and action
+    1 pays :math:`1 + c/\eta`. The old policy :math:`\pi_k` goes to :math:`Y`, then always plays
+    action 0 (so :math:`V_{\pi_k}(X) = V_{\pi_k}(Y)`). The new policy :math:`\pi` goes to :math:`X`
+    with probability :math:`p` (``switch``), plays the bad action 1 in :math:`X`, and in :math:`Y`
+    plays the jackpot action 1 with the tiny probability :math:`\eta`. Then
+    :math:`\bar A(X) = -c`, :math:`\bar A(Y) = +c` (so :math:`\epsilon = c`), and
 
-    Then ``E_{pi'}[A(X, .)] = -c`` and ``E_{pi'}[A(Y, .)] = +c`` (so ``eps = c``), the visitation
-    moves from Y to X, the surrogate is ``L = gamma c / (1 - gamma)``, the true improvement is
-    ``gamma c (1 - 2 switch) / (1 - gamma)``, and the penalty of Theorem 2.2 is
-    ``2 gamma c (switch + gamma eta / (1 - gamma)) / (1 - gamma)``: ``L - improvement`` and the
-    penalty agree in the limit ``eta -> 0``, so no constant smaller than ``2 gamma / (1 - gamma)^2``
-    can work. Lemma 2.1 is tight in the same limit.
+    .. math::
 
-    Each argument is a float or a 1-D tensor ``[B]`` (all tensors the same shape; floats are
-    repeated). Returns ``(mdp, pi_old, pi_new)`` with ``S = 3``, ``A = 2`` and batch shape ``[]``
-    (all floats) or ``[B]``.
+        L_{\pi_k}(\pi) = \frac{\gamma c}{1-\gamma},\qquad
+        J(\pi) - J(\pi_k) = \frac{\gamma c\,(1-2p)}{1-\gamma},\qquad
+        \text{penalty} = \frac{2\gamma c}{1-\gamma}\Big(p + \frac{\gamma\eta}{1-\gamma}\Big).
+
+    :math:`L - (J(\pi) - J(\pi_k))` and the penalty agree in the limit :math:`\eta\to0`, so no
+    constant smaller than :math:`2\gamma/(1-\gamma)^2` can work. The state-shift lemma
+    (lem-ch09-state-shift) is tight in the same limit:
+    :math:`\|d_\pi - d_{\pi_k}\|_1 = 2\gamma p` against the bound
+    :math:`2\gamma p + 2\gamma^2\eta/(1-\gamma)`.
+
+    Each of ``gamma``, ``switch``, ``eta``, ``c`` is a float or a 1-D tensor ``[B]`` (all tensors the
+    same length; floats are repeated).
+
+    Args:
+        gamma: :math:`\gamma\in[0, 1)`.
+        switch: :math:`p\in(0, 1]`.
+        eta: :math:`\eta\in(0, 1)`.
+        c: :math:`c > 0`.
+        dtype: a floating dtype.
+
+    Returns:
+        ``(mdp, pi_old, pi_new)`` with :math:`S = 3`, :math:`A = 2` and batch shape ``[]`` (all floats)
+        or ``[B]``.
     """
-    vals = {"gamma": gamma, "switch": switch, "eta": eta, "c": c}
-    shapes = {tuple(v.shape) for v in vals.values() if isinstance(v, torch.Tensor)}
-    if len(shapes) > 1 or any(len(sh) > 1 for sh in shapes):
-        raise ValueError(f"tight_example: tensor arguments must all be 1-D with one shape, got {shapes}")
-    shape = shapes.pop() if shapes else ()
-    t = {k: (v.to(dtype) if isinstance(v, torch.Tensor) else torch.full(shape, float(v), dtype=dtype))
-         for k, v in vals.items()}
-    g, sw, et, cc = t["gamma"], t["switch"], t["eta"], t["c"]
-    if not (((g >= 0) & (g < 1)).all() and ((sw > 0) & (sw <= 1)).all() and ((et > 0) & (et < 1)).all()
-            and (cc > 0).all()):
-        raise ValueError("tight_example: need 0 <= gamma < 1, 0 < switch <= 1, 0 < eta < 1, c > 0")
+    V.floating_dtype(dtype, "dtype")
+    tensors = {k: v for k, v in dict(gamma=gamma, switch=switch, eta=eta, c=c).items()
+               if isinstance(v, torch.Tensor) and v.dim() > 0}
+    shape = V.layout("B", **tensors).get("B", ())           # the 1-D tensors share one length B
+    shape = (shape,) if isinstance(shape, int) else shape
+    like = torch.empty((), dtype=dtype)
+    g = V.per_batch(gamma, "gamma", shape, like, 0.0, 1.0, hi_open=True)
+    sw = V.per_batch(switch, "switch", shape, like, 0.0, 1.0, lo_open=True)
+    et = V.per_batch(eta, "eta", shape, like, 0.0, 1.0, lo_open=True, hi_open=True)
+    cc = V.per_batch(c, "c", shape, like, 0.0, lo_open=True)
     S, A = 3, 2
     P = torch.zeros(*shape, S, A, S, dtype=dtype)
     P[..., 0, 0, 1] = 1.0  # start --a0--> X
@@ -323,23 +363,29 @@ def tight_example(gamma: GammaLike = 0.9, switch: GammaLike = 0.3, eta: GammaLik
     return FiniteMDP(P, R, rho0, g), pi_old, pi_new
 
 
-def softmax_step(pi: Tensor, adv: Tensor, step: Union[float, Tensor]) -> Tensor:
-    """One exact natural-policy-gradient (mirror-ascent) step for a tabular softmax policy (Chapter 9):
+def softmax_step(pi: Tensor, adv: Tensor, step: float | Tensor) -> Tensor:
+    r"""One exact natural-policy-gradient (mirror-ascent) step for a tabular softmax policy (chapter 9):
 
-    ``pi'(a|s) proportional to pi(a|s) exp(step * A(s, a))``.
-    For small ``step`` the surrogate rises by about ``step * E_d[Var_pi A] / (1 - gamma)``; this is
-    the update a trainer would make, used in Chapters 9-11 to produce realistic new policies.
-    Shapes: ``pi``, ``adv`` ``[*B, S, A]``; ``step`` float or ``[*B]``. Log-probabilities are floored
-    at -50 so that zeros in ``pi`` stay (numerically) zero without NaN.
+    .. math::
+
+        \pi'(a\mid s) \propto \pi(a\mid s)\,\exp\big(\text{step}\cdot A(s, a)\big).
+
+    With ``adv`` :math:`= A_\pi`, the surrogate :math:`L_\pi(\pi')` rises for small ``step`` by
+    about :math:`\text{step}\cdot\mathbb E_{s\sim d_\pi}[\operatorname{Var}_{a\sim\pi}A_\pi(s, a)]/(1-\gamma)`;
+    this is the update a trainer would make, used in chapters 9-11 to produce realistic new
+    policies. Log-probabilities are floored at -50 so that zeros in ``pi`` stay (numerically) zero
+    without NaN.
+
+    Args:
+        pi: ``[*B, S, A]``.
+        adv: ``[*B, S, A]``, the advantages :math:`A(s, a)` to step along.
+        step: a float or ``[*B]``.
+
+    Returns:
+        ``[*B, S, A]``.
     """
-    pi = _check_tensor(pi, "pi", 2)
-    adv = _check_tensor(adv, "adv", 2)
-    if pi.shape != adv.shape:
-        raise ValueError(f"pi and adv must have the same shape [*B, S, A], got {tuple(pi.shape)} and {tuple(adv.shape)}")
-    if isinstance(step, torch.Tensor):
-        if tuple(step.shape) not in ((), tuple(pi.shape[:-2])):
-            raise ValueError(f"step must be a float or have shape {tuple(pi.shape[:-2])}, got {tuple(step.shape)}")
-        step = step.to(dtype=pi.dtype, device=pi.device)[..., None, None]
+    V.layout("... S A", floating=True, pi=pi, adv=adv)
+    step = V.per_batch(step, "step", pi.shape[:-2], pi)[..., None, None]
     return torch.softmax(torch.log(pi).clamp_min(-50.0) + step * adv, dim=-1)
 
 
@@ -347,14 +393,35 @@ def softmax_step(pi: Tensor, adv: Tensor, step: Union[float, Tensor]) -> Tensor:
 # exact policy evaluation
 # --------------------------------------------------------------------------------------------
 def policy_transition(mdp: FiniteMDP, pi: Tensor) -> Tensor:
-    """State-to-state kernel under ``pi``: ``P_pi[s, s'] = sum_a pi(a|s) P(s'|s, a)``; shape ``[*B, S, S]`` (Ch. 9)."""
-    pi = _check_policy(pi, "pi", mdp.batch_shape, mdp.n_states, mdp.n_actions)
+    r"""The state-to-state kernel under :math:`\pi` (chapter 9):
+
+    .. math::
+
+        P_\pi(s, s') = \sum_a \pi(a\mid s)\,P(s'\mid s, a).
+
+    Args:
+        mdp: the MDPs.
+        pi: ``[*B, S, A]``, rows are distributions.
+
+    Returns:
+        ``[*B, S, S]``, rows are distributions.
+    """
+    pi = V.distribution(pi, "pi", _POLICY, shape=mdp.policy_shape)
     return torch.einsum("...sa,...sat->...st", pi, mdp.P)
 
 
 def policy_reward(mdp: FiniteMDP, pi: Tensor) -> Tensor:
-    """Expected one-step reward ``r_pi(s) = sum_a pi(a|s) R(s, a)``; shape ``[*B, S]`` (Chapter 9)."""
-    pi = _check_policy(pi, "pi", mdp.batch_shape, mdp.n_states, mdp.n_actions)
+    r"""The expected one-step reward under :math:`\pi` (chapter 9):
+    :math:`r_\pi(s) = \sum_a \pi(a\mid s)\,R(s, a)`.
+
+    Args:
+        mdp: the MDPs.
+        pi: ``[*B, S, A]``, rows are distributions.
+
+    Returns:
+        ``[*B, S]``.
+    """
+    pi = V.distribution(pi, "pi", _POLICY, shape=mdp.policy_shape)
     return (pi * mdp.R).sum(-1)
 
 
@@ -363,44 +430,99 @@ def _eye_like(mdp: FiniteMDP) -> Tensor:
 
 
 def value(mdp: FiniteMDP, pi: Tensor) -> Tensor:
-    """State values by one batched linear solve (Chapter 9):
+    r"""State values by one batched linear solve of the Bellman equation (chapter 9):
 
-    ``V_pi = (I - gamma P_pi)^{-1} r_pi``, i.e. the Bellman equation ``V = r_pi + gamma P_pi V``.
-    Returns ``V[*B, S]``.
+    .. math::
+
+        V_\pi = r_\pi + \gamma P_\pi V_\pi
+        \quad\Longleftrightarrow\quad
+        V_\pi = (I - \gamma P_\pi)^{-1} r_\pi .
+
+    Args:
+        mdp: the MDPs.
+        pi: ``[*B, S, A]``, rows are distributions.
+
+    Returns:
+        ``V[*B, S]``.
     """
     Ppi = policy_transition(mdp, pi)
     lhs = _eye_like(mdp) - mdp.gamma[..., None, None] * Ppi
     return torch.linalg.solve(lhs, policy_reward(mdp, pi)[..., None])[..., 0]
 
 
-def q_value(mdp: FiniteMDP, pi: Tensor, V: Optional[Tensor] = None) -> Tensor:
-    """Action values ``Q_pi(s, a) = R(s, a) + gamma sum_s' P(s'|s, a) V_pi(s')``; shape ``[*B, S, A]`` (Ch. 9).
+def q_value(mdp: FiniteMDP, pi: Tensor, V: Tensor | None = None) -> Tensor:
+    r"""Action values (chapter 9):
 
-    ``V`` may be passed to avoid a second solve (shape ``[*B, S]``).
+    .. math::
+
+        Q_\pi(s, a) = R(s, a) + \gamma\sum_{s'} P(s'\mid s, a)\,V_\pi(s').
+
+    Args:
+        mdp: the MDPs.
+        pi: ``[*B, S, A]``, rows are distributions.
+        V: optional ``[*B, S]`` values :math:`V_\pi` (from :func:`value`), to avoid a second solve; the
+            formula is applied to whatever ``V`` is passed.
+
+    Returns:
+        ``Q[*B, S, A]``.
     """
     if V is None:
         V = value(mdp, pi)
-    elif tuple(V.shape) != (*mdp.batch_shape, mdp.n_states):
-        raise ValueError(f"V must have shape {(*mdp.batch_shape, mdp.n_states)}, got {tuple(V.shape)}")
+    else:
+        _validate.exact_shape(_validate.float_tensor(V, "V"), "V", (*mdp.batch_shape, mdp.n_states), "[*B, S]")
     return mdp.R + mdp.gamma[..., None, None] * torch.einsum("...sat,...t->...sa", mdp.P, V)
 
 
 def advantage(mdp: FiniteMDP, pi: Tensor) -> Tensor:
-    """Advantages ``A_pi(s, a) = Q_pi(s, a) - V_pi(s)``; shape ``[*B, S, A]``; ``sum_a pi A_pi = 0`` (Ch. 9)."""
+    r"""Advantages :math:`A_\pi(s, a) = Q_\pi(s, a) - V_\pi(s)` (chapter 9); they average to zero under
+    :math:`\pi` itself, :math:`\sum_a \pi(a\mid s)\,A_\pi(s, a) = 0`.
+
+    Args:
+        mdp: the MDPs.
+        pi: ``[*B, S, A]``, rows are distributions.
+
+    Returns:
+        ``A[*B, S, A]``.
+    """
     V = value(mdp, pi)
     return q_value(mdp, pi, V) - V[..., None]
 
 
 def performance(mdp: FiniteMDP, pi: Tensor) -> Tensor:
-    """Expected discounted return ``J(pi) = sum_s rho0(s) V_pi(s)``; shape ``[*B]`` (Chapter 9)."""
+    r"""The expected discounted return (chapter 9):
+
+    .. math::
+
+        J(\pi) = \mathbb E\Big[\sum_{t\ge0}\gamma^t r_t\Big] = \rho_0^\top V_\pi = \sum_s \rho_0(s)\,V_\pi(s).
+
+    Args:
+        mdp: the MDPs.
+        pi: ``[*B, S, A]``, rows are distributions.
+
+    Returns:
+        ``J[*B]``.
+    """
     return (mdp.rho0 * value(mdp, pi)).sum(-1)
 
 
 def visitation(mdp: FiniteMDP, pi: Tensor) -> Tensor:
-    """Normalised discounted state visitation (Chapter 9, the book's equation eq-ch09-visitation):
+    r"""The normalised discounted state visitation (chapter 9, eq-ch09-visitation):
 
-    ``d_pi(s) = (1 - gamma) sum_t gamma^t Pr(s_t = s)``, i.e. the solution of the linear system
-    ``(I - gamma P_pi)^T d_pi = (1 - gamma) rho0``. Sums to 1 over ``s``. Returns ``d[*B, S]``.
+    .. math::
+
+        d_\pi(s) = (1-\gamma)\sum_{t\ge0}\gamma^t \Pr(s_t = s)
+        \quad\Longleftrightarrow\quad
+        d_\pi^\top = (1-\gamma)\,\rho_0^\top (I - \gamma P_\pi)^{-1},
+
+    computed as the solution of the linear system :math:`(I - \gamma P_\pi)^\top d_\pi = (1-\gamma)\,\rho_0`.
+    It sums to 1 over :math:`s`.
+
+    Args:
+        mdp: the MDPs.
+        pi: ``[*B, S, A]``, rows are distributions.
+
+    Returns:
+        ``d[*B, S]``.
     """
     Ppi = policy_transition(mdp, pi)
     lhs = (_eye_like(mdp) - mdp.gamma[..., None, None] * Ppi).transpose(-1, -2)
@@ -409,97 +531,161 @@ def visitation(mdp: FiniteMDP, pi: Tensor) -> Tensor:
 
 
 def tv_distance(p: Tensor, q: Tensor) -> Tensor:
-    """Per-state total variation ``D_TV(p, q; s) = 1/2 sum_a |p(a|s) - q(a|s)|`` (Chapter 9).
+    r"""Per-state total-variation distance (chapter 9):
 
-    ``p`` and ``q`` must have the same shape ``[..., A]``; returns shape ``[...]``, values in ``[0, 1]``.
+    .. math::
+
+        D_{\mathrm{TV}}(p, q; s) = \tfrac12\sum_a \big|p(a\mid s) - q(a\mid s)\big| .
+
+    Args:
+        p, q: the same shape ``[..., A]``, the action distributions on the last dimension.
+
+    Returns:
+        ``[...]``, values in :math:`[0, 1]` when ``p`` and ``q`` are distributions.
     """
-    p = _check_tensor(p, "p", 1)
-    q = _check_tensor(q, "q", 1)
-    if p.shape != q.shape:
-        raise ValueError(f"p and q must have the same shape, got {tuple(p.shape)} and {tuple(q.shape)}")
+    V.matching_floats(p=p, q=q)
     return 0.5 * (p - q).abs().sum(-1)
 
 
 def expected_advantage(pi_new: Tensor, adv: Tensor) -> Tensor:
-    """``abar(s) = E_{a ~ pi_new(.|s)}[A(s, a)] = sum_a pi_new(a|s) A(s, a)``; shape ``[..., S]`` (Chapter 9).
+    r"""The new policy's expected advantage in each state (chapter 9):
 
-    Its maximum absolute value over states is the constant ``epsilon = C_{pi, pi_k}`` of Theorem 2.2.
+    .. math::
+
+        \bar A(s) = \mathbb E_{a\sim\pi(\cdot\mid s)}\big[A(s, a)\big] = \sum_a \pi(a\mid s)\,A(s, a).
+
+    With ``adv`` :math:`= A_{\pi_k}`, its largest absolute value over states is the constant
+    :math:`\epsilon = C_{\pi,\pi_k} = \max_s|\bar A(s)|` of the single-policy bound
+    (thm-ch09-single-policy).
+
+    Args:
+        pi_new: ``[..., S, A]``, the policy :math:`\pi` whose actions are averaged over.
+        adv: ``[..., S, A]``, the advantages :math:`A(s, a)`.
+
+    Returns:
+        ``[..., S]``.
     """
-    pi_new = _check_tensor(pi_new, "pi_new", 2)
-    adv = _check_tensor(adv, "adv", 2)
-    if pi_new.shape != adv.shape:
-        raise ValueError(f"pi_new and adv must have the same shape [..., S, A], got {tuple(pi_new.shape)} "
-                         f"and {tuple(adv.shape)}")
+    V.layout("... S A", floating=True, pi_new=pi_new, adv=adv)
     return (pi_new * adv).sum(-1)
 
 
 def surrogate(d_old: Tensor, pi_new: Tensor, adv_old: Tensor, gamma: GammaLike) -> Tensor:
-    """The surrogate objective of Theorem 2.2 (Chapter 9, eq-ch09-surrogate):
+    r"""The surrogate objective (chapter 9, eq-ch09-surrogate):
 
-    ``L_{pi_k}(pi) = 1/(1 - gamma) E_{s ~ d_k, a ~ pi_k}[pi(a|s) / pi_k(a|s) A_k(s, a)]
-                  = 1/(1 - gamma) sum_s d_k(s) sum_a pi(a|s) A_k(s, a)``.
+    .. math::
 
-    The second form is used (it needs no support condition); it equals the importance-weighted form
-    whenever ``pi_k(a|s) > 0`` wherever ``pi(a|s) > 0``.
-    Shapes: ``d_old[*B, S]``, ``pi_new[*B, S, A]``, ``adv_old[*B, S, A]``, ``gamma`` float or ``[*B]``;
-    returns ``[*B]``.
+        L_{\pi_k}(\pi) = \frac{1}{1-\gamma}\,
+            \mathbb E_{s\sim d_{\pi_k},\ a\sim\pi_k(\cdot\mid s)}
+            \Big[\frac{\pi(a\mid s)}{\pi_k(a\mid s)}\,A_{\pi_k}(s, a)\Big]
+          = \frac{1}{1-\gamma}\sum_s d_{\pi_k}(s) \sum_a \pi(a\mid s)\,A_{\pi_k}(s, a)
+          = \frac{1}{1-\gamma}\, d_{\pi_k}^\top \bar A ,
+
+    with :math:`\bar A(s) = \sum_a \pi(a\mid s)\,A_{\pi_k}(s, a)` (:func:`expected_advantage`). The
+    sum form is the one computed (it needs no support condition); it equals the importance-weighted
+    form whenever :math:`\pi_k(a\mid s) > 0` wherever :math:`\pi(a\mid s) > 0`.
+    Any visitation and advantages may be passed: with the new policy's visitation :math:`d_\pi` it
+    is the exact improvement (:func:`performance_difference`).
+
+    Args:
+        d_old: ``[*B, S]``, the state distribution :math:`d_{\pi_k}`.
+        pi_new: ``[*B, S, A]``, the policy :math:`\pi` being evaluated.
+        adv_old: ``[*B, S, A]``, the advantages :math:`A_{\pi_k}`.
+        gamma: :math:`\gamma\in[0, 1)`, a float or ``[*B]``.
+
+    Returns:
+        ``[*B]``.
     """
-    d_old = _check_tensor(d_old, "d_old", 1)
+    V.layout("... S", V.layout("... S A", floating=True, pi_new=pi_new, adv_old=adv_old), floating=True, d_old=d_old)
     abar = expected_advantage(pi_new, adv_old)
-    if d_old.shape != abar.shape:
-        raise ValueError(f"d_old must have shape {tuple(abar.shape)} (= pi_new.shape[:-1]), got {tuple(d_old.shape)}")
     g = _as_gamma(gamma, d_old.shape[:-1], d_old)
     return (d_old * abar).sum(-1) / (1 - g)
 
 
 def performance_difference(mdp: FiniteMDP, pi_old: Tensor, pi_new: Tensor) -> Tensor:
-    """Right-hand side of the performance difference lemma (Chapter 9, Lemma eq-ch09-pdl):
+    r"""The right-hand side of the performance difference lemma (chapter 9, lem-ch09-pdl, eq-ch09-pdl):
 
-    ``J(pi') - J(pi) = 1/(1 - gamma) E_{s ~ d_pi'} E_{a ~ pi'}[A_pi(s, a)]``,
-    computed from ``d_pi'`` and ``A_pi``; returns ``[*B]``. (It is ``surrogate`` with the NEW
-    policy's visitation.)
+    .. math::
+
+        J(\pi) - J(\pi_k) = \frac{1}{1-\gamma}\,
+            \mathbb E_{s\sim d_\pi}\Big[\mathbb E_{a\sim\pi(\cdot\mid s)}\big[A_{\pi_k}(s, a)\big]\Big],
+
+    computed from the NEW policy's visitation :math:`d_\pi` and the OLD policy's advantages
+    :math:`A_{\pi_k}`: it is :func:`surrogate` with :math:`d_\pi` in place of :math:`d_{\pi_k}`.
+
+    Args:
+        mdp: the MDPs.
+        pi_old: ``[*B, S, A]``, :math:`\pi_k`.
+        pi_new: ``[*B, S, A]``, :math:`\pi`.
+
+    Returns:
+        ``[*B]``, equal to ``performance(mdp, pi_new) - performance(mdp, pi_old)``.
     """
     return surrogate(visitation(mdp, pi_new), pi_new, advantage(mdp, pi_old), mdp.gamma)
 
 
 # --------------------------------------------------------------------------------------------
-# Chapter 9: every term of Lemma 2.1 and Theorem 2.2
+# Chapter 9: every term of the state-shift lemma and the single-policy bound
 # --------------------------------------------------------------------------------------------
 @dataclass
 class SinglePolicyTerms:
-    """All terms of the single-policy bound for a batch of (MDP, pi_old, pi_new) triples (Chapter 9).
+    r"""Every term of the single-policy bound for a batch of :math:`(\text{MDP}, \pi_k, \pi)` triples
+    (chapter 9: lem-ch09-state-shift and thm-ch09-single-policy), as returned by
+    :func:`single_policy_terms`.
 
-    Every field has shape ``[*B]`` except ``d_old``, ``d_new``, ``tv`` (``[*B, S]``) and ``abar``
-    (``[*B, S]``, the new policy's expected old advantage per state).
+    Every field has shape ``[*B]`` except ``d_old``, ``d_new``, ``tv`` and ``abar``
+    (``[*B, S]``). Below, :math:`\pi_k` is ``pi_old``, :math:`\pi` is ``pi_new`` and
+    :math:`D_{\mathrm{TV}}(s) = D_{\mathrm{TV}}(\pi, \pi_k; s)`.
+
+    Attributes:
+        gamma: :math:`\gamma`.
+        J_old: :math:`J(\pi_k)`.
+        J_new: :math:`J(\pi)`.
+        improvement: :math:`J(\pi) - J(\pi_k)`.
+        surrogate: :math:`L_{\pi_k}(\pi)` (eq-ch09-surrogate).
+        d_old: :math:`d_{\pi_k}`.
+        d_new: :math:`d_\pi`.
+        tv: :math:`D_{\mathrm{TV}}(\pi, \pi_k; s)` per state.
+        abar: :math:`\bar A(s) = \mathbb E_{a\sim\pi(\cdot\mid s)}[A_{\pi_k}(s, a)]` per state.
+        eps: :math:`\epsilon = C_{\pi,\pi_k} = \max_s|\bar A(s)|`.
+        adv_max: :math:`\|A_{\pi_k}\|_\infty = \max_{s,a}|A_{\pi_k}(s, a)|`.
+        expected_tv: :math:`\mathbb E_{s\sim d_{\pi_k}}[D_{\mathrm{TV}}(s)]`.
+        expected_tv_new: :math:`\mathbb E_{s\sim d_\pi}[D_{\mathrm{TV}}(s)]` (the lemma's second form).
+        max_tv: :math:`\max_s D_{\mathrm{TV}}(s)`.
+        state_shift: :math:`\|d_\pi - d_{\pi_k}\|_1`.
+        lemma_bound: :math:`\frac{2\gamma}{1-\gamma}\,\mathbb E_{d_{\pi_k}}[D_{\mathrm{TV}}]`, the
+            right-hand side of eq-ch09-state-shift.
+        penalty: :math:`\frac{2\gamma\epsilon}{(1-\gamma)^2}\,\mathbb E_{d_{\pi_k}}[D_{\mathrm{TV}}]`.
+        bound: ``surrogate - penalty``, the lower bound of thm-ch09-single-policy.
     """
 
     gamma: Tensor
     J_old: Tensor
     J_new: Tensor
-    improvement: Tensor       # J(pi_new) - J(pi_old)
-    surrogate: Tensor         # L_{pi_old}(pi_new)
+    improvement: Tensor
+    surrogate: Tensor
     d_old: Tensor
     d_new: Tensor
-    tv: Tensor                # D_TV(pi_new, pi_old; s)
-    abar: Tensor              # E_{a~pi_new}[A_old(s, a)]
-    eps: Tensor               # max_s |abar(s)|  (the article's C_{pi, pi_k})
-    adv_max: Tensor           # max_{s,a} |A_old(s, a)|
-    expected_tv: Tensor       # E_{s~d_old}[D_TV]
-    expected_tv_new: Tensor   # E_{s~d_new}[D_TV]
-    max_tv: Tensor            # max_s D_TV
-    state_shift: Tensor       # ||d_new - d_old||_1
-    lemma_bound: Tensor       # 2 gamma / (1 - gamma) * expected_tv  (Lemma 2.1)
-    penalty: Tensor           # 2 gamma eps / (1 - gamma)^2 * expected_tv
-    bound: Tensor             # surrogate - penalty  (Theorem 2.2)
+    tv: Tensor
+    abar: Tensor
+    eps: Tensor
+    adv_max: Tensor
+    expected_tv: Tensor
+    expected_tv_new: Tensor
+    max_tv: Tensor
+    state_shift: Tensor
+    lemma_bound: Tensor
+    penalty: Tensor
+    bound: Tensor
 
     @property
     def slack(self) -> Tensor:
-        """``improvement - bound``; the theorem says it is >= 0."""
+        r"""``improvement - bound``; the theorem says it is :math:`\ge 0`."""
         return self.improvement - self.bound
 
     @property
     def tightness(self) -> Tensor:
-        """``(surrogate - improvement) / penalty`` in ``[-1, 1]`` when the two-sided bound holds; 1 = tight.
+        r""":math:`\tau = \big(L_{\pi_k}(\pi) - (J(\pi) - J(\pi_k))\big)/\text{penalty}`, in :math:`[-1, 1]`
+        by the two-sided bound eq-ch09-bound; 1 means the lower bound is attained.
 
         NaN where the penalty is 0.
         """
@@ -509,16 +695,36 @@ class SinglePolicyTerms:
 
 
 def single_policy_terms(mdp: FiniteMDP, pi_old: Tensor, pi_new: Tensor) -> SinglePolicyTerms:
-    """Solve both policies exactly and return every term of Lemma 2.1 and Theorem 2.2 (Chapter 9).
+    r"""Solve both policies exactly and return every term of the state-shift lemma and the single-policy
+    bound (chapter 9, lem-ch09-state-shift and thm-ch09-single-policy).
 
-    Theorem 2.2 (Achiam et al. 2017, Corollary 1):
-    ``J(pi') - J(pi) >= L_pi(pi') - 2 gamma eps / (1 - gamma)^2 * E_{s~d_pi}[D_TV(pi', pi; s)]``,
-    ``eps = max_s |E_{a~pi'} A_pi(s, a)|``. Lemma 2.1:
-    ``||d_pi' - d_pi||_1 <= 2 gamma / (1 - gamma) * E_{s~d_pi}[D_TV(pi', pi; s)]``.
-    Shapes: ``pi_old``, ``pi_new`` are ``[*B, S, A]``; see :class:`SinglePolicyTerms`.
+    The single-policy bound, eq-ch09-bound (two-sided; its lower half is the usual statement):
+
+    .. math::
+
+        \Big|\,J(\pi) - J(\pi_k) - L_{\pi_k}(\pi)\,\Big| \le
+            \frac{2\gamma\,\epsilon}{(1-\gamma)^2}\,
+            \mathbb E_{s\sim d_{\pi_k}}\big[D_{\mathrm{TV}}(\pi, \pi_k; s)\big],
+        \qquad \epsilon = \max_s\big|\mathbb E_{a\sim\pi(\cdot\mid s)} A_{\pi_k}(s, a)\big| .
+
+    The state-shift lemma, eq-ch09-state-shift (it also holds with the expectation under
+    :math:`d_\pi`):
+
+    .. math::
+
+        \big\|d_\pi - d_{\pi_k}\big\|_1 \le \frac{2\gamma}{1-\gamma}\,
+            \mathbb E_{s\sim d_{\pi_k}}\big[D_{\mathrm{TV}}(\pi, \pi_k; s)\big].
+
+    Args:
+        mdp: the MDPs.
+        pi_old: ``[*B, S, A]``, the old policy :math:`\pi_k`.
+        pi_new: ``[*B, S, A]``, the new policy :math:`\pi`.
+
+    Returns:
+        A :class:`SinglePolicyTerms`.
     """
-    _check_policy(pi_old, "pi_old", mdp.batch_shape, mdp.n_states, mdp.n_actions)
-    _check_policy(pi_new, "pi_new", mdp.batch_shape, mdp.n_states, mdp.n_actions)
+    V.distribution(pi_old, "pi_old", _POLICY, shape=mdp.policy_shape)
+    V.distribution(pi_new, "pi_new", _POLICY, shape=mdp.policy_shape)
     g = mdp.gamma
     V_old, V_new = value(mdp, pi_old), value(mdp, pi_new)
     A_old = q_value(mdp, pi_old, V_old) - V_old[..., None]
@@ -541,82 +747,103 @@ def single_policy_terms(mdp: FiniteMDP, pi_old: Tensor, pi_new: Tensor) -> Singl
 # Chapters 10-11: mixtures of M policies on the augmented state space S x I
 # --------------------------------------------------------------------------------------------
 def trajectory_kernel(n_versions: int, *, dtype: torch.dtype = torch.float64, device=None) -> Tensor:
-    """Trajectory-level mixing: the index never changes, ``q(i'|i) = 1{i' = i}``; shape ``[M, M]`` (Ch. 10)."""
-    if not isinstance(n_versions, int) or n_versions < 1:
-        raise ValueError(f"n_versions must be a positive int, got {n_versions!r}")
-    return torch.eye(n_versions, dtype=dtype, device=device)
+    r"""Trajectory-level mixing (chapter 10; :math:`q_{\text{traj}}` of eq-ch11-step-kernel): the
+    index never changes, :math:`q(i'\mid i) = \mathbf 1\{i' = i\}`.
+
+    Args:
+        n_versions: :math:`M\ge1`.
+        dtype, device: of the result.
+
+    Returns:
+        ``q[M, M]``, the identity.
+    """
+    return torch.eye(V.positive_int(n_versions, "n_versions"), dtype=dtype, device=device)
 
 
 def step_kernel(sigma: Tensor, kappa: Tensor) -> Tensor:
-    """Step-level mixing (Chapter 11, eq-ch11-step-kernel):
+    r"""Step-level mixing (chapter 11, eq-ch11-step-kernel):
 
-    ``q(i'|i) = (1 - sigma(i)) 1{i' = i} + sigma(i) kappa(i'|i)``: after every step, the version
-    in use is replaced with probability ``sigma(i)`` by a version drawn from ``kappa(.|i)``.
-    Shapes: ``sigma[*B, M]`` in ``[0, 1]``, ``kappa[*B, M, M]`` (rows are distributions);
-    returns ``q[*B, M, M]``.
+    .. math::
+
+        q(i'\mid i) = \big(1 - \sigma(i)\big)\,\mathbf 1\{i' = i\} + \sigma(i)\,\kappa(i'\mid i):
+
+    after every step, the version in use is replaced with probability :math:`\sigma(i)` by a version
+    drawn from :math:`\kappa(\cdot\mid i)`.
+
+    Args:
+        sigma: ``[*B, M]``, switching probabilities in :math:`[0, 1]`.
+        kappa: ``[*B, M, M]``, switching targets; row :math:`i` is :math:`\kappa(\cdot\mid i)`.
+
+    Returns:
+        ``q[*B, M, M]``; row :math:`i` is :math:`q(\cdot\mid i)`.
     """
-    sigma = _check_tensor(sigma, "sigma", 1)
-    kappa = _check_tensor(kappa, "kappa", 2)
+    sigma = V.float_tensor(sigma, "sigma", min_dim=1)
+    kappa = V.float_tensor(kappa, "kappa", min_dim=2)
     M = sigma.shape[-1]
-    if tuple(kappa.shape) != (*sigma.shape, M):
-        raise ValueError(f"kappa must have shape {(*sigma.shape, M)} to match sigma {tuple(sigma.shape)}, "
-                         f"got {tuple(kappa.shape)}")
-    if ((sigma < 0) | (sigma > 1)).any():
-        raise ValueError("sigma must lie in [0, 1]")
-    _check_distribution(kappa, "kappa", "kappa[..., i, :] is a distribution over versions")
+    V.layout("... M M", V.layout("... M", sigma=sigma), kappa=kappa)
+    V.tensor_in(sigma, "sigma", 0.0, 1.0)
+    V.distribution(kappa, "kappa", "kappa[..., i, :] is a distribution over versions")
     eye = torch.eye(M, dtype=kappa.dtype, device=kappa.device)
     return (1 - sigma)[..., None] * eye + sigma[..., None] * kappa
 
 
 def lift_policy(pi: Tensor, n_versions: int) -> Tensor:
-    """An index-blind policy on ``S x I``: ``pi~(a | s, i) = pi(a | s)`` (Chapter 10).
+    r"""An index-blind policy on :math:`\mathcal S\times\mathcal I` (chapter 10, prop-ch10-index-blind):
+    :math:`\tilde\pi(a\mid s, i) = \pi(a\mid s)`.
 
-    ``pi[*B, S, A]`` -> ``[*B, S * M, A]`` with augmented index ``s * M + i``.
+    Args:
+        pi: ``[*B, S, A]``.
+        n_versions: :math:`M\ge1`.
+
+    Returns:
+        ``[*B, S * M, A]``; the augmented state :math:`(s, i)` has the flat index :math:`sM + i`.
     """
-    pi = _check_tensor(pi, "pi", 2)
-    if not isinstance(n_versions, int) or n_versions < 1:
-        raise ValueError(f"n_versions must be a positive int, got {n_versions!r}")
+    pi = V.float_tensor(pi, "pi", min_dim=2)
+    V.positive_int(n_versions, "n_versions")
     *B, S, A = pi.shape
     return pi[..., :, None, :].expand(*B, S, n_versions, A).reshape(*B, S * n_versions, A)
 
 
 def _check_mixture(mdp: FiniteMDP, policies: Tensor, alpha: Tensor, kernel: Tensor):
-    policies = _check_tensor(policies, "policies", 3)
-    B, S, A = tuple(mdp.batch_shape), mdp.n_states, mdp.n_actions
-    if tuple(policies.shape[:len(B)]) != B or tuple(policies.shape[len(B) + 1:]) != (S, A) \
-            or policies.dim() != len(B) + 3:
-        raise ValueError(f"policies must have shape [*B, M, S, A] = {(*B, 'M', S, A)}, got {tuple(policies.shape)}")
-    M = policies.shape[len(B)]
-    _check_distribution(policies, "policies", "policies[..., i, s, :] is a distribution over actions")
-    alpha = _check_tensor(alpha, "alpha", 1)
-    if tuple(alpha.shape) == (M,):
-        alpha = alpha.expand(*B, M)
-    elif tuple(alpha.shape) != (*B, M):
-        raise ValueError(f"alpha must have shape [M] (shared) or [*B, M] = {(*B, M)}, got {tuple(alpha.shape)}")
-    _check_distribution(alpha, "alpha", "mixture weights over versions")
-    kernel = _check_tensor(kernel, "kernel", 2)
-    if tuple(kernel.shape) == (M, M):
-        kernel = kernel.expand(*B, M, M)
-    elif tuple(kernel.shape) != (*B, M, M):
-        raise ValueError(f"kernel must have shape [M, M] (shared) or [*B, M, M] = {(*B, M, M)}, "
-                         f"got {tuple(kernel.shape)}")
-    _check_distribution(kernel, "kernel", "kernel[..., i, :] = q(. | i) is a distribution over versions")
-    for name, t in (("policies", policies), ("alpha", alpha), ("kernel", kernel)):
-        if t.dtype != mdp.P.dtype or t.device != mdp.P.device:
-            raise TypeError(f"{name} must have the dtype and device of the MDP ({mdp.P.dtype}, {mdp.P.device})")
+    """Check a mixture of ``M`` policies against ``mdp``; return ``(policies, alpha, kernel, M)`` with a
+    shared ``alpha [M]`` / ``kernel [M, M]`` expanded to the batch."""
+    B = tuple(mdp.batch_shape)
+    sizes = {"...": B, "S": mdp.n_states, "A": mdp.n_actions}
+    M = V.layout("... M S A", sizes, floating=True, policies=policies)["M"]
+    V.distribution(V.same_kind(policies, "policies", mdp.P, "mdp.P"), "policies",
+                   "policies[..., i, s, :] is a distribution over actions")
+    alpha = V.shared_or_batched(V.float_tensor(alpha, "alpha"), "alpha", B, (M,), "[M] (shared) or [*B, M]")
+    V.distribution(V.same_kind(alpha, "alpha", mdp.P, "mdp.P"), "alpha", "mixture weights over versions")
+    kernel = V.shared_or_batched(V.float_tensor(kernel, "kernel"), "kernel", B, (M, M), "[M, M] (shared) or [*B, M, M]")
+    V.distribution(V.same_kind(kernel, "kernel", mdp.P, "mdp.P"), "kernel",
+                   "kernel[..., i, :] = q(. | i) is a distribution over versions")
     return policies, alpha, kernel, M
 
 
 def augment(mdp: FiniteMDP, policies: Tensor, alpha: Tensor, kernel: Tensor):
-    """The augmented MDP on ``S x I`` and the mixture behaviour policy (Chapter 10, eq-ch10-augmented).
+    r"""The augmented MDP on :math:`\mathcal S\times\mathcal I` and the mixture behaviour policy
+    (chapter 10, eq-ch10-augmented):
 
-    ``P~((s', i') | (s, i), a) = P(s'|s, a) q(i'|i)``, ``R~((s, i), a) = R(s, a)``,
-    ``rho0~(s, i) = rho0(s) alpha_i``, and ``beta(a | s, i) = pi^(i)(a|s)``.
-    The index is redrawn from ``q(.|i)`` after every step, so the first action of a trajectory is
-    taken by ``pi^(I_0)``, ``I_0 ~ alpha``.
-    Shapes: ``policies[*B, M, S, A]``; ``alpha[M]`` or ``[*B, M]``; ``kernel[M, M]`` or ``[*B, M, M]``
-    (a shared ``alpha`` or ``kernel`` is expanded explicitly). Returns ``(mdp_aug, beta)`` with
-    ``mdp_aug.P[*B, S*M, A, S*M]`` and ``beta[*B, S*M, A]``; the flat index of ``(s, i)`` is ``s*M + i``.
+    .. math::
+
+        \tilde P\big((s', i')\mid (s, i), a\big) = P(s'\mid s, a)\,q(i'\mid i),\qquad
+        \tilde R\big((s, i), a\big) = R(s, a),\qquad
+        \tilde\rho_0(s, i) = \rho_0(s)\,\alpha_i,
+
+    and :math:`\beta(a\mid s, i) = \pi^{(i)}(a\mid s)`. The index is redrawn from
+    :math:`q(\cdot\mid i)` after every step, so the first action of a trajectory is taken by
+    :math:`\pi^{(I_0)}`, :math:`I_0\sim\alpha`. A shared ``alpha`` or ``kernel`` is expanded to the
+    batch explicitly.
+
+    Args:
+        mdp: the MDPs, batch shape ``*B``.
+        policies: ``[*B, M, S, A]``, the versions :math:`\pi^{(1)}, \dots, \pi^{(M)}`.
+        alpha: ``[M]`` or ``[*B, M]``, the shares :math:`\alpha_i` (a distribution).
+        kernel: ``[M, M]`` or ``[*B, M, M]``, the index kernel; row :math:`i` is :math:`q(\cdot\mid i)`.
+
+    Returns:
+        ``(mdp_aug, beta)``: a :class:`FiniteMDP` with ``P[*B, S*M, A, S*M]`` and the behaviour
+        policy ``beta[*B, S*M, A]``; the flat index of :math:`(s, i)` is :math:`sM + i`.
     """
     policies, alpha, kernel, M = _check_mixture(mdp, policies, alpha, kernel)
     *B, S, A = mdp.R.shape
@@ -629,45 +856,78 @@ def augment(mdp: FiniteMDP, policies: Tensor, alpha: Tensor, kernel: Tensor):
 
 @dataclass
 class StaticMixtureTerms:
-    """Terms of Corollary 3.1 (trajectory-level mixture), from per-version quantities (Chapter 10).
+    r"""The terms of the static-mixture bound (chapter 10, cor-ch10-static), computed from per-version
+    quantities by :func:`static_mixture_terms`.
 
-    Shapes: ``J_versions``, ``surrogates``, ``eps``, ``expected_tv`` are ``[*B, M]``; the rest ``[*B]``.
+    ``J_versions``, ``surrogates``, ``eps`` and ``expected_tv`` are ``[*B, M]``, one entry per
+    version :math:`\pi^{(i)}`; the other fields are ``[*B]``. Below, :math:`\pi` is ``pi_new``.
+
+    Attributes:
+        alpha: the shares :math:`\alpha_i`, ``[*B, M]``.
+        J_new: :math:`J(\pi)`.
+        J_versions: :math:`J(\pi^{(i)})`.
+        J_mix: :math:`\sum_i \alpha_i J(\pi^{(i)})`.
+        improvement: ``J_new - J_mix``.
+        surrogates: :math:`L_{\pi^{(i)}}(\pi)`.
+        eps: :math:`\epsilon_i = C_{\pi,\pi^{(i)}} = \max_s\big|\mathbb E_{a\sim\pi(\cdot\mid s)}
+            A_{\pi^{(i)}}(s, a)\big|`.
+        expected_tv: :math:`\mathbb E_{s\sim d_{\pi^{(i)}}}\big[D_{\mathrm{TV}}(\pi, \pi^{(i)}; s)\big]`.
+        surrogate: :math:`\sum_i \alpha_i L_{\pi^{(i)}}(\pi)`.
+        penalty: :math:`\frac{2\gamma\max_i\epsilon_i}{(1-\gamma)^2}\sum_i\alpha_i\,
+            \mathbb E_{d_{\pi^{(i)}}}\big[D_{\mathrm{TV}}(\pi, \pi^{(i)})\big]`.
+        bound: ``surrogate - penalty``, the right-hand side of eq-ch10-static-bound.
+        bound_per_version: :math:`\sum_i\alpha_i\big(L_{\pi^{(i)}}(\pi) - \frac{2\gamma\epsilon_i}{(1-\gamma)^2}\,
+            \mathbb E_{d_{\pi^{(i)}}}[D_{\mathrm{TV}}(\pi, \pi^{(i)})]\big)`, the right-hand side of
+            eq-ch10-per-version: also valid, and never smaller than ``bound``.
     """
 
     alpha: Tensor
     J_new: Tensor
-    J_versions: Tensor        # J(pi^(i))
-    J_mix: Tensor             # sum_i alpha_i J(pi^(i))
-    improvement: Tensor       # J_new - J_mix
-    surrogates: Tensor        # L_{pi^(i)}(pi)
-    eps: Tensor               # C_{pi, pi^(i)} = max_s |E_{a~pi} A^(i)(s, a)|
-    expected_tv: Tensor       # E_{s~d^(i)}[D_TV(pi, pi^(i); s)]
-    surrogate: Tensor         # sum_i alpha_i L_i
-    penalty: Tensor           # 2 gamma max_i eps_i / (1 - gamma)^2 * sum_i alpha_i E TV_i
-    bound: Tensor             # surrogate - penalty  (Corollary 3.1)
-    bound_per_version: Tensor  # sum_i alpha_i (L_i - 2 gamma eps_i/(1-gamma)^2 E TV_i), a tighter valid bound
+    J_versions: Tensor
+    J_mix: Tensor
+    improvement: Tensor
+    surrogates: Tensor
+    eps: Tensor
+    expected_tv: Tensor
+    surrogate: Tensor
+    penalty: Tensor
+    bound: Tensor
+    bound_per_version: Tensor
 
     @property
     def slack(self) -> Tensor:
+        r"""``improvement - bound``; the corollary says it is :math:`\ge 0`."""
         return self.improvement - self.bound
 
 
 def static_mixture_terms(mdp: FiniteMDP, policies: Tensor, alpha: Tensor, pi_new: Tensor) -> StaticMixtureTerms:
-    """Corollary 3.1 (Chapter 10): for a trajectory-level mixture with weights ``alpha``,
+    r"""The static-mixture bound (chapter 10, cor-ch10-static, eq-ch10-static-bound): for a
+    trajectory-level mixture with shares :math:`\alpha_i`,
 
-    ``J(pi) - sum_i alpha_i J(pi^(i)) >= sum_i alpha_i L_{pi^(i)}(pi)
-      - 2 gamma max_i C_{pi, pi^(i)} / (1 - gamma)^2 * sum_i alpha_i E_{s~d^(i)}[D_TV(pi, pi^(i); s)]``,
-    computed version by version (no augmented MDP). Shapes: ``policies[*B, M, S, A]``,
-    ``alpha[M]`` or ``[*B, M]``, ``pi_new[*B, S, A]``.
+    .. math::
+
+        J(\pi) - \sum_i \alpha_i J(\pi^{(i)}) \ge \sum_i \alpha_i L_{\pi^{(i)}}(\pi)
+          - \frac{2\gamma \max_i \epsilon_i}{(1-\gamma)^2}
+            \sum_i \alpha_i\, \mathbb E_{s\sim d_{\pi^{(i)}}}\big[D_{\mathrm{TV}}(\pi, \pi^{(i)}; s)\big],
+        \qquad \epsilon_i = \max_s\big|\mathbb E_{a\sim\pi(\cdot\mid s)} A_{\pi^{(i)}}(s, a)\big|,
+
+    and its sharper per-version form eq-ch10-per-version (field ``bound_per_version``). Computed
+    version by version with :func:`single_policy_terms` (no augmented MDP).
+
+    Args:
+        mdp: the MDPs, batch shape ``*B``.
+        policies: ``[*B, M, S, A]``, the versions :math:`\pi^{(i)}`.
+        alpha: ``[M]`` or ``[*B, M]``, the shares :math:`\alpha_i`.
+        pi_new: ``[*B, S, A]``, the new policy :math:`\pi`.
+
+    Returns:
+        A :class:`StaticMixtureTerms`.
     """
-    policies = _check_tensor(policies, "policies", 3)
-    if policies.dim() != len(mdp.batch_shape) + 3:
-        raise ValueError(f"policies must have shape [*B, M, S, A] with *B = {tuple(mdp.batch_shape)}, "
-                         f"got {tuple(policies.shape)}")
-    M = policies.shape[len(mdp.batch_shape)]
+    sizes = {"...": tuple(mdp.batch_shape), "S": mdp.n_states, "A": mdp.n_actions}
+    M = V.layout("... M S A", sizes, floating=True, policies=policies)["M"]
     kernel = trajectory_kernel(M, dtype=mdp.P.dtype, device=mdp.P.device)
     policies, alpha, _, M = _check_mixture(mdp, policies, alpha, kernel)
-    _check_policy(pi_new, "pi_new", mdp.batch_shape, mdp.n_states, mdp.n_actions)
+    V.distribution(pi_new, "pi_new", _POLICY, shape=mdp.policy_shape)
     # put the version axis in the batch: an MDP per version
     mdp_m = FiniteMDP(*(t.unsqueeze(len(mdp.batch_shape)).expand(*mdp.batch_shape, M, *t.shape[len(mdp.batch_shape):])
                         for t in (mdp.P, mdp.R, mdp.rho0, mdp.gamma)))
@@ -687,55 +947,107 @@ def static_mixture_terms(mdp: FiniteMDP, policies: Tensor, alpha: Tensor, pi_new
 
 @dataclass
 class DynamicMixtureTerms:
-    """Terms of Theorem 4.1 and Corollary 4.2 (Chapter 11), computed on the augmented MDP.
+    r"""The terms of the dynamic-mixing bounds (chapter 11, thm-ch11-dynamic and cor-ch11-split),
+    computed on the augmented MDP by :func:`dynamic_mixture_terms`.
 
-    All fields ``[*B]`` except ``d_beta`` (``[*B, S, M]``) and ``adv_beta`` (``[*B, S, M, A]``).
+    All fields are ``[*B]`` except ``d_beta`` (``[*B, S, M]``) and ``adv_beta`` (``[*B, S, M, A]``).
+    Below, :math:`\pi_k` is ``pi_old``, :math:`\pi_{k+1}` is ``pi_new`` and the expectations are over
+    :math:`(s, i)\sim d_\beta`.
+
+    Attributes:
+        gamma: :math:`\gamma`.
+        J_old: :math:`J(\pi_k)`.
+        J_new: :math:`J(\pi_{k+1})`.
+        J_mix: :math:`J(\beta)`, the return of the mixture sampler.
+        improvement: :math:`J(\pi_{k+1}) - J(\pi_k)`.
+        surrogate: :math:`L_\beta(\pi_{k+1})` (eq-ch11-surrogate).
+        eps: :math:`\epsilon = C_{\pi_{k+1},\beta} = \max_{(s,i)}\big|\mathbb E_{a\sim\pi_{k+1}}
+            A_\beta((s, i), a)\big|`.
+        adv_old_max: :math:`\|A_{\pi_k}\|_\infty = \max_{s,a}|A_{\pi_k}(s, a)|`.
+        tv_new_behaviour: :math:`\mathbb E_{d_\beta}\big[D_{\mathrm{TV}}(\pi_{k+1}, \pi^{(i)}; s)\big]`.
+        U: the update shift :math:`U_k = \mathbb E_{d_\beta}\big[D_{\mathrm{TV}}(\pi_{k+1}, \pi_k; s)\big]`
+            (eq-ch11-uk-sk).
+        S: the sampling staleness :math:`S_k = \mathbb E_{d_\beta}\big[D_{\mathrm{TV}}(\pi_k, \pi^{(i)}; s)\big]`
+            (eq-ch11-uk-sk).
+        mixture_gap: :math:`J(\beta) - J(\pi_k)`, exact.
+        mixture_gap_bound: :math:`C_2 S_k` with :math:`C_2 = \frac{2\|A_{\pi_k}\|_\infty}{1-\gamma}`,
+            the bound on :math:`|J(\beta) - J(\pi_k)|` from the proof of thm-ch11-dynamic.
+        bound_thm41: the right-hand side of eq-ch11-thm (the article's Theorem 4.1, hence the name).
+        bound_cor42: the right-hand side of eq-ch11-cor (the article's Corollary 4.2).
+        d_beta: :math:`d_\beta(s, i)`, ``[*B, S, M]``.
+        adv_beta: :math:`A_\beta((s, i), a)`, ``[*B, S, M, A]``.
     """
 
     gamma: Tensor
-    J_old: Tensor             # J(pi_k)
-    J_new: Tensor             # J(pi_{k+1})
-    J_mix: Tensor             # J(beta): the return of the mixture sampler
-    improvement: Tensor       # J_new - J_old
-    surrogate: Tensor         # L_beta(pi_{k+1})
-    eps: Tensor               # C_{pi_{k+1}, beta} = max_{s,i} |E_{a~pi_{k+1}} A_beta((s,i), a)|
-    adv_old_max: Tensor       # ||A_{pi_k}||_inf
-    tv_new_behaviour: Tensor  # E_{(s,i)~d_beta}[D_TV(pi_{k+1}, pi^(i); s)]
-    U: Tensor                 # E_{(s,i)~d_beta}[D_TV(pi_{k+1}, pi_k; s)]
-    S: Tensor                 # E_{(s,i)~d_beta}[D_TV(pi_k, pi^(i); s)]
-    mixture_gap: Tensor       # J_mix - J_old (exact)
-    mixture_gap_bound: Tensor  # 2 ||A_k||_inf / (1 - gamma) * S  (its bound)
-    bound_thm41: Tensor       # Theorem 4.1 right-hand side
-    bound_cor42: Tensor       # Corollary 4.2 right-hand side
+    J_old: Tensor
+    J_new: Tensor
+    J_mix: Tensor
+    improvement: Tensor
+    surrogate: Tensor
+    eps: Tensor
+    adv_old_max: Tensor
+    tv_new_behaviour: Tensor
+    U: Tensor
+    S: Tensor
+    mixture_gap: Tensor
+    mixture_gap_bound: Tensor
+    bound_thm41: Tensor
+    bound_cor42: Tensor
     d_beta: Tensor
     adv_beta: Tensor
 
     @property
     def c_update(self) -> Tensor:
-        """Coefficient of U_k in Corollary 4.2: ``2 gamma eps / (1 - gamma)^2``."""
+        r"""The coefficient of :math:`U_k` in eq-ch11-cor, :math:`C_1 = 2\gamma\epsilon/(1-\gamma)^2`."""
         return 2 * self.gamma * self.eps / (1 - self.gamma) ** 2
 
     @property
     def c_stale(self) -> Tensor:
-        """Coefficient of S_k in Corollary 4.2: ``2 gamma eps / (1 - gamma)^2 + 2 ||A_k||_inf / (1 - gamma)``."""
+        r"""The coefficient of :math:`S_k` in eq-ch11-cor,
+        :math:`C_1 + C_2 = 2\gamma\epsilon/(1-\gamma)^2 + 2\|A_{\pi_k}\|_\infty/(1-\gamma)`.
+        """
         return self.c_update + 2 * self.adv_old_max / (1 - self.gamma)
 
 
 def dynamic_mixture_terms(mdp: FiniteMDP, policies: Tensor, alpha: Tensor, kernel: Tensor, pi_old: Tensor,
                           pi_new: Tensor) -> DynamicMixtureTerms:
-    """Theorem 4.1 and Corollary 4.2 (Chapter 11), solved exactly on the augmented MDP.
+    r"""The dynamic-mixing bounds (chapter 11, thm-ch11-dynamic and cor-ch11-split), solved exactly on
+    the augmented MDP. For any index kernel, eq-ch11-thm:
 
-    ``J(pi_{k+1}) - J(pi_k) >= L_beta(pi_{k+1})
-        - 2 gamma C / (1 - gamma)^2 E_{d_beta}[D_TV(pi_{k+1}, pi^(i))]
-        - 2 ||A_{pi_k}||_inf / (1 - gamma) E_{d_beta}[D_TV(pi^(i), pi_k)]``   (Theorem 4.1)
-    ``>= L_beta(pi_{k+1}) - 2 gamma C/(1 - gamma)^2 U_k - (2 gamma C/(1 - gamma)^2 + 2||A_k||_inf/(1 - gamma)) S_k``
-    (Corollary 4.2), with ``L_beta(pi) = 1/(1-gamma) E_{(s,i)~d_beta, a~pi}[A_beta((s,i), a)]`` and
-    ``C = max_{(s,i)} |E_{a~pi_{k+1}} A_beta((s,i), a)|``.
-    Shapes: ``policies[*B, M, S, A]`` (the versions ``pi^(i)`` that sample), ``alpha[M]|[*B, M]``,
-    ``kernel[M, M]|[*B, M, M]``, ``pi_old`` (= pi_k) and ``pi_new`` (= pi_{k+1}) ``[*B, S, A]``.
+    .. math::
+
+        J(\pi_{k+1}) - J(\pi_k) \ge L_\beta(\pi_{k+1})
+            - \frac{2\gamma\epsilon}{(1-\gamma)^2}\,
+              \mathbb E_{(s,i)\sim d_\beta}\big[D_{\mathrm{TV}}(\pi_{k+1}, \pi^{(i)}; s)\big]
+            - \frac{2\|A_{\pi_k}\|_\infty}{1-\gamma}\,
+              \mathbb E_{(s,i)\sim d_\beta}\big[D_{\mathrm{TV}}(\pi^{(i)}, \pi_k; s)\big],
+
+    and, by the triangle inequality through :math:`\pi_k`, eq-ch11-cor:
+
+    .. math::
+
+        J(\pi_{k+1}) - J(\pi_k) \ge L_\beta(\pi_{k+1}) - C_1\,U_k - (C_1 + C_2)\,S_k,
+        \qquad C_1 = \frac{2\gamma\epsilon}{(1-\gamma)^2},\quad C_2 = \frac{2\|A_{\pi_k}\|_\infty}{1-\gamma},
+
+    with the surrogate of the mixed batch (eq-ch11-surrogate)
+    :math:`L_\beta(\pi) = \frac{1}{1-\gamma}\,\mathbb E_{(s,i)\sim d_\beta,\ a\sim\pi(\cdot\mid s)}[A_\beta((s,i), a)]`,
+    :math:`\epsilon = \max_{(s,i)}|\mathbb E_{a\sim\pi_{k+1}} A_\beta((s,i), a)|`,
+    :math:`\|A_{\pi_k}\|_\infty = \max_{s,a}|A_{\pi_k}(s, a)|`, and :math:`U_k`, :math:`S_k` of
+    eq-ch11-uk-sk.
+
+    Args:
+        mdp: the MDPs, batch shape ``*B``.
+        policies: ``[*B, M, S, A]``, the versions :math:`\pi^{(i)}` that sampled.
+        alpha: ``[M]`` or ``[*B, M]``, the shares :math:`\alpha_i`.
+        kernel: ``[M, M]`` or ``[*B, M, M]``, the index kernel :math:`q`.
+        pi_old: ``[*B, S, A]``, the current policy :math:`\pi_k`.
+        pi_new: ``[*B, S, A]``, the updated policy :math:`\pi_{k+1}`.
+
+    Returns:
+        A :class:`DynamicMixtureTerms`.
     """
-    _check_policy(pi_old, "pi_old", mdp.batch_shape, mdp.n_states, mdp.n_actions)
-    _check_policy(pi_new, "pi_new", mdp.batch_shape, mdp.n_states, mdp.n_actions)
+    V.distribution(pi_old, "pi_old", _POLICY, shape=mdp.policy_shape)
+    V.distribution(pi_new, "pi_new", _POLICY, shape=mdp.policy_shape)
     aug, beta = augment(mdp, policies, alpha, kernel)
     M = aug.n_states // mdp.n_states
     *B, S, A = mdp.R.shape
@@ -767,23 +1079,25 @@ def dynamic_mixture_terms(mdp: FiniteMDP, policies: Tensor, alpha: Tensor, kerne
 
 
 # --------------------------------------------------------------------------------------------
-# Chapter 11: U_k and S_k from samples (Lemma 5.1)
+# Chapter 11: U_k and S_k from samples (lem-ch11-ratio)
 # --------------------------------------------------------------------------------------------
-def sample_state_actions(d: Tensor, behaviour: Tensor, n: int, *, generator: Optional[torch.Generator] = None):
-    """Draw ``n`` i.i.d. pairs ``s ~ d``, ``a ~ behaviour(.|s)`` per batch element (Chapter 11).
+def sample_state_actions(d: Tensor, behaviour: Tensor, n: int, *, generator: torch.Generator | None = None):
+    r"""Draw ``n`` i.i.d. pairs :math:`s\sim d`, :math:`a\sim\text{behaviour}(\cdot\mid s)` per batch
+    element (chapter 11). Sampling happens on the generator's device.
 
-    ``d[*B, S]`` (a distribution over states, e.g. ``visitation(aug, beta)``), ``behaviour[*B, S, A]``.
-    Returns ``(states, actions)``, both ``long[*B, n]``. Sampling happens on the generator's device.
+    Args:
+        d: ``[*B, S]``, a distribution over states (e.g. ``visitation(aug, beta)``).
+        behaviour: ``[*B, S, A]``, rows are distributions.
+        n: the number of pairs, :math:`\ge 1`.
+        generator: the source of randomness.
+
+    Returns:
+        ``(states, actions)``, both ``long[*B, n]``, on ``d``'s device.
     """
-    d = _check_tensor(d, "d", 1)
-    behaviour = _check_tensor(behaviour, "behaviour", 2)
-    if tuple(behaviour.shape[:-1]) != tuple(d.shape):
-        raise ValueError(f"behaviour must have shape [*B, S, A] with [*B, S] = {tuple(d.shape)}, "
-                         f"got {tuple(behaviour.shape)}")
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive int, got {n!r}")
-    _check_distribution(d, "d", "state distribution")
-    _check_distribution(behaviour, "behaviour", "behaviour[..., s, :] is a distribution over actions")
+    V.layout("... S A", V.layout("... S", floating=True, d=d), floating=True, behaviour=behaviour)
+    V.positive_int(n, "n")
+    V.distribution(d, "d", "state distribution")
+    V.distribution(behaviour, "behaviour", "behaviour[..., s, :] is a distribution over actions")
     dev = _gen_device(generator)
     *B, S, A = behaviour.shape
     dd = d.clamp_min(0).reshape(-1, S).to(dev)
@@ -794,44 +1108,35 @@ def sample_state_actions(d: Tensor, behaviour: Tensor, n: int, *, generator: Opt
     return states.reshape(*B, n).to(d.device), actions.reshape(*B, n).to(d.device)
 
 
-def half_abs_ratio_diff(logp_a: Tensor, logp_b: Tensor, logp_behaviour: Tensor, mask: Optional[Tensor] = None,
-                        dim=-1) -> Tensor:
-    """Sample estimate of an expected TV distance by Lemma 5.1 (Chapter 11, eq-ch11-tv-ratio):
-
-    ``E_{s~mu}[D_TV(pi_a, pi_b; s)] = 1/2 E_{s~mu, a~pi_1}|pi_a(a|s)/pi_1(a|s) - pi_b(a|s)/pi_1(a|s)|``
-    when ``pi_1`` covers the supports of ``pi_a`` and ``pi_b``. Given log-probabilities of the sampled
-    actions under ``pi_a``, ``pi_b`` and the behaviour ``pi_1`` (same shapes), returns the mean over
-    ``dim`` of ``1/2 |exp(logp_a - logp_1) - exp(logp_b - logp_1)|``. With ``pi_a = pi_{k+1}``,
-    ``pi_b = pi_k`` and ``pi_1 = pi^(i)`` this is ``U_k = 1/2 E|rho_{k+1} - rho_k|``; with
-    ``pi_a = pi_k`` and ``pi_b = pi_1`` it is ``S_k = 1/2 E|rho_k - 1|``.
-    Ratios are formed in log space (log-ratio differences of +-50 stay finite). ``mask`` (same shape,
-    1 = keep) averages over the kept entries only.
-    """
-    for name, t in (("logp_a", logp_a), ("logp_b", logp_b), ("logp_behaviour", logp_behaviour)):
-        _check_tensor(t, name, 1)
-    if not (logp_a.shape == logp_b.shape == logp_behaviour.shape):
-        raise ValueError(f"logp_a, logp_b, logp_behaviour must have the same shape, got {tuple(logp_a.shape)}, "
-                         f"{tuple(logp_b.shape)}, {tuple(logp_behaviour.shape)}")
-    diff = 0.5 * (torch.exp(logp_a - logp_behaviour) - torch.exp(logp_b - logp_behaviour)).abs()
-    if mask is None:
-        return diff.mean(dim)
-    if mask.shape != diff.shape:
-        raise ValueError(f"mask must have shape {tuple(diff.shape)}, got {tuple(mask.shape)}")
-    m = mask.to(diff.dtype)
-    return (diff * m).sum(dim) / m.sum(dim).clamp_min(1)
-
-
 def estimate_update_and_staleness(mdp: FiniteMDP, policies: Tensor, alpha: Tensor, kernel: Tensor, pi_old: Tensor,
-                                  pi_new: Tensor, n: int, *, generator: Optional[torch.Generator] = None):
-    """Monte Carlo estimates of ``U_k`` and ``S_k`` from ``n`` sampled ``(s, i, a)`` (Chapter 11).
+                                  pi_new: Tensor, n: int, *, generator: torch.Generator | None = None):
+    r"""Monte Carlo estimates of :math:`U_k` and :math:`S_k` from ``n`` sampled :math:`(s, i, a)`
+    (chapter 11, lem-ch11-ratio, eq-ch11-estimators).
 
-    Draws ``(s, i) ~ d_beta`` (the exact augmented visitation) and ``a ~ pi^(i)(.|s)``, then applies
-    :func:`half_abs_ratio_diff`: ``U_hat = 1/2 mean|rho_{k+1} - rho_k|``, ``S_hat = 1/2 mean|rho_k - 1|``
-    with ``rho_j = pi_j(a|s) / pi^(i)(a|s)``. Both are unbiased; their standard error shrinks like
-    ``1/sqrt(n)``. Shapes as in :func:`dynamic_mixture_terms`; returns ``(U_hat, S_hat)``, each ``[*B]``.
+    Draws :math:`(s, i)\sim d_\beta` (the exact augmented visitation) and
+    :math:`a\sim\pi^{(i)}(\cdot\mid s)`, then applies :func:`rlkit.staleness.half_abs_ratio_diff`:
+
+    .. math::
+
+        \hat U_k = \tfrac12\,\overline{\big|\rho_{k+1} - \rho_k\big|},\qquad
+        \hat S_k = \tfrac12\,\overline{\big|\rho_k - 1\big|},\qquad
+        \rho_{k+1} = \frac{\pi_{k+1}(a\mid s)}{\pi^{(i)}(a\mid s)},\quad
+        \rho_k = \frac{\pi_k(a\mid s)}{\pi^{(i)}(a\mid s)},
+
+    the bars being means over the ``n`` samples. Both are unbiased when every :math:`\pi^{(i)}` covers
+    the supports of :math:`\pi_k` and :math:`\pi_{k+1}`; their standard error shrinks like
+    :math:`1/\sqrt n`.
+
+    Args:
+        mdp, policies, alpha, kernel, pi_old, pi_new: as in :func:`dynamic_mixture_terms`.
+        n: samples per batch element, :math:`\ge 1`.
+        generator: the source of randomness.
+
+    Returns:
+        ``(U_hat, S_hat)``, each ``[*B]``.
     """
-    _check_policy(pi_old, "pi_old", mdp.batch_shape, mdp.n_states, mdp.n_actions)
-    _check_policy(pi_new, "pi_new", mdp.batch_shape, mdp.n_states, mdp.n_actions)
+    V.distribution(pi_old, "pi_old", _POLICY, shape=mdp.policy_shape)
+    V.distribution(pi_new, "pi_new", _POLICY, shape=mdp.policy_shape)
     aug, beta = augment(mdp, policies, alpha, kernel)
     M = aug.n_states // mdp.n_states
     d_b = visitation(aug, beta)
@@ -842,4 +1147,4 @@ def estimate_update_and_staleness(mdp: FiniteMDP, policies: Tensor, alpha: Tenso
         return torch.log(torch.gather(rows, -1, actions[..., None])[..., 0])
 
     lb, lo, ln = logp(beta), logp(lift_policy(pi_old, M)), logp(lift_policy(pi_new, M))
-    return half_abs_ratio_diff(ln, lo, lb), half_abs_ratio_diff(lo, lb, lb)
+    return half_abs_ratio_diff(ln, lo, lb, dim=-1), half_abs_ratio_diff(lo, lb, lb, dim=-1)

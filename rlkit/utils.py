@@ -4,6 +4,7 @@ Chapter: the setup page (book/setup.md) explains the thread and device choices m
 """
 from __future__ import annotations
 
+import math
 import os
 import random
 import time
@@ -11,6 +12,8 @@ from contextlib import contextmanager
 
 import numpy as np
 import torch
+
+from . import _validate as V
 
 __all__ = ["device", "seed_everything", "masked_mean", "full_scale", "Timer", "timer"]
 
@@ -23,8 +26,7 @@ def device(prefer: str | None = None) -> torch.device:
     """
     choice = prefer if prefer is not None else os.environ.get("RLKIT_DEVICE")
     if choice is not None:
-        if choice not in ("cuda", "mps", "cpu"):
-            raise ValueError(f"device: prefer must be 'cuda', 'mps' or 'cpu', got {choice!r}")
+        V.choice(choice, "prefer" if prefer is not None else "RLKIT_DEVICE", ("cuda", "mps", "cpu"))
         if choice == "cuda" and not torch.cuda.is_available():
             raise ValueError("device: prefer='cuda' but torch.cuda.is_available() is False")
         if choice == "mps" and not _mps_available():
@@ -53,15 +55,14 @@ def seed_everything(seed: int = 0, threads: int | None = 1) -> torch.Generator:
     Pass ``threads=None`` to leave torch's setting alone, or set ``RLKIT_THREADS``.
     The same seed on the same machine gives the same numbers.
     """
-    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
-        raise TypeError(f"seed_everything: seed must be an int, got {type(seed).__name__}")
+    V.int_in_range(seed, "seed", -2**63, 2**64 - 1)
     env_threads = os.environ.get("RLKIT_THREADS")
     if env_threads is not None:
+        if not env_threads.strip().isdigit():
+            raise ValueError(f"RLKIT_THREADS must be a positive int, got {env_threads!r}")
         threads = int(env_threads)
     if threads is not None:
-        if threads < 1:
-            raise ValueError(f"seed_everything: threads must be >= 1, got {threads}")
-        torch.set_num_threads(threads)
+        torch.set_num_threads(V.positive_int(threads, "threads"))
     seed = int(seed)
     random.seed(seed)
     np.random.seed(seed % (2**32))
@@ -74,27 +75,35 @@ def seed_everything(seed: int = 0, threads: int | None = 1) -> torch.Generator:
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor | None = None, dim=None, keepdim: bool = False) -> torch.Tensor:
-    """Mean of ``x`` over the entries where ``mask`` is true (or 1).
+    r"""Mean of ``x`` over the entries where ``mask`` is true (or 1): rlkit's one masked mean.
 
-    .. math:: \\bar x = \\frac{\\sum_i m_i x_i}{\\max(1, \\sum_i m_i)}
+    .. math:: \bar x = \frac{\sum_i m_i x_i}{\max\big(1, \sum_i m_i\big)}
 
-    ``mask`` must have exactly the shape of ``x`` (no silent broadcasting). With ``dim``
-    the mean is taken along those dimensions only. An all-zero mask gives 0, not NaN.
+    Masked-out entries are never read: they may hold NaN or inf (padding) and reach neither the
+    value nor the gradient. **An all-false mask, or an empty** ``x``, **gives 0** (with a zero
+    gradient), never NaN: "no sample" contributes nothing to a loss or a running statistic.
+
+    Args:
+        x: floating tensor of any shape.
+        mask: ``None`` or a bool / 0-1 tensor of exactly ``x``'s shape (no silent broadcasting).
+        dim: ``None`` (all entries) or the dimension(s) to average over.
+        keepdim: keep the reduced dimensions (only with ``dim``).
+
+    Returns: a 0-dim tensor (``dim=None``) or ``x`` with ``dim`` reduced.
+
+    Chapters: every loss of chapters 1-13 averages over real tokens or steps with it.
     """
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"masked_mean: x must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"masked_mean: x must be a floating-point tensor, got dtype {x.dtype}")
-    if mask is None:
-        return x.mean() if dim is None else x.mean(dim=dim, keepdim=keepdim)
-    if not isinstance(mask, torch.Tensor):
-        raise TypeError(f"masked_mean: mask must be a torch.Tensor, got {type(mask).__name__}")
-    if mask.shape != x.shape:
-        raise ValueError(f"masked_mean: mask must have the shape of x {tuple(x.shape)}, got {tuple(mask.shape)}")
-    m = mask.to(x.dtype)
+    V.float_tensor(x, "x", min_dim=0)
+    m = V.check_mask(mask, x, "x")
+    if m is None:
+        n = x.numel() if dim is None else math.prod(x.shape[d] for d in ((dim,) if isinstance(dim, int) else dim))
+        if dim is None:
+            return x.mean() if n else x.sum()
+        return x.mean(dim=dim, keepdim=keepdim) if n else x.sum(dim=dim, keepdim=keepdim)
+    kept = torch.where(m > 0, x, torch.zeros((), dtype=x.dtype, device=x.device))
     if dim is None:
-        return (x * m).sum() / m.sum().clamp_min(1.0)
-    return (x * m).sum(dim=dim, keepdim=keepdim) / m.sum(dim=dim, keepdim=keepdim).clamp_min(1.0)
+        return kept.sum() / m.sum().clamp(min=1.0)
+    return kept.sum(dim=dim, keepdim=keepdim) / m.sum(dim=dim, keepdim=keepdim).clamp(min=1.0)
 
 
 def full_scale() -> bool:
@@ -103,9 +112,7 @@ def full_scale() -> bool:
     Every notebook picks its sizes from this switch: the default ("small") runs each chapter
     in a few minutes on a laptop CPU; "full" is meant for a GPU or a long coffee break.
     """
-    value = os.environ.get("RLKIT_SCALE", "small").strip().lower()
-    if value not in ("small", "full"):
-        raise ValueError(f"RLKIT_SCALE must be 'small' or 'full', got {value!r}")
+    value = V.choice(os.environ.get("RLKIT_SCALE", "small").strip().lower(), "RLKIT_SCALE", ("small", "full"))
     return value == "full"
 
 

@@ -1,4 +1,4 @@
-"""Tests for rlkit.controllers.KLTriggeredLR (chapter 6).
+"""Tests for rlkit.controllers: the one interface and its three rules (chapters 4 and 6).
 
 Hand-worked factors, the bounds, input validation, and a closed-loop simulation on a plant whose
 KL is quadratic in the learning rate with log-normal noise (the model the controller is built on),
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlkit.controllers import KLTriggeredLR
+from rlkit.controllers import AdaptiveKLController, KLController, KLLearningRateController, KLTriggeredLR
 
 
 def test_defaults():
@@ -53,8 +53,8 @@ def test_bounds_and_history():
     c = KLTriggeredLR(threshold=0.02, lr_min=1e-4, lr_max=1e-2)
     assert c(10.0, 2e-4) == 1e-4          # cut below lr_min -> lr_min
     assert c(1e-6, 9.9e-3) == 1e-2        # step above lr_max -> lr_max
-    assert [h["triggered"] for h in c.history] == [True, False]
-    assert c.history[0]["lr_in"] == 2e-4 and c.history[0]["kl"] == 10.0
+    assert c.n_triggered == 1
+    assert c.history[0] == dict(kl=10.0, value_in=2e-4, value_out=1e-4)
     assert c.fraction_within() == 0.5
     assert math.isnan(KLTriggeredLR().fraction_within())
 
@@ -72,7 +72,8 @@ def test_accepts_zero_dim_tensors():
     (dict(gain=3.0), "gain"),
     (dict(max_step=0.5), "max_step"),
     (dict(max_cut=0.9), "max_cut"),
-    (dict(lr_min=1e-2, lr_max=1e-3), "lr_min"),
+    (dict(lr_min=1e-2, lr_max=1e-3), "lr_max"),
+    (dict(lr_min=0.0), "lr_min"),
     (dict(threshold=float("nan")), "threshold"),
 ])
 def test_constructor_validation(kwargs, match):
@@ -126,3 +127,96 @@ def test_closed_loop_on_noisy_quadratic_plant_keeps_kl_under_threshold():
     assert 0.5 < med_lr / lr_star < 2.0
     # the same plant without control violates the threshold almost always
     assert np.mean(cst * (20 * lr_star) ** 2 * np.exp(sigma * rng.standard_normal(2000)) <= 0.02) < 0.05
+
+
+# ----------------------------------------------------------------------------------------------
+# the one interface: new = controller(kl, value) = clip(value * factor(kl), min, max)
+# ----------------------------------------------------------------------------------------------
+
+ALL = [lambda: AdaptiveKLController(1.0, 0.01, "ppo"), lambda: AdaptiveKLController(1.0, 0.01, "proportional"),
+       lambda: KLLearningRateController(), lambda: KLTriggeredLR()]
+
+
+@pytest.mark.parametrize("make", ALL)
+def test_every_controller_has_the_one_interface(make):
+    c = make()
+    assert isinstance(c, KLController)
+    for kl, v in [(0.0, 1e-3), (0.004, 0.5), (0.02, 2e-2), (3.0, 1e-4)]:
+        f = c.factor(kl)
+        assert c(kl, v) == pytest.approx(min(max(v * f, c.value_min), c.value_max), rel=1e-15)
+    assert [h["kl"] for h in c.history] == [0.0, 0.004, 0.02, 3.0]
+    with pytest.raises(ValueError, match="kl"):
+        c(float("inf"), 1e-3)
+    with pytest.raises(ValueError, match=c.knob):
+        c(0.01, -1.0)
+
+
+def test_kl_learning_rate_controller_factor_by_hand():
+    # (the trainer-level rule is tested in tests/test_algos.py); here the factor and the band edges
+    c = KLLearningRateController(target_kl=0.02, factor=1.5, band=2.0)
+    assert c.factor(0.0400001) == 1 / 1.5 and c.factor(0.04) == 1.0      # above band * target: divide
+    assert c.factor(0.0099999) == 1.5 and c.factor(0.01) == 1.0          # below target / band: multiply
+    assert c.lr_min == c.value_min == 1e-6 and c.lr_max == c.value_max == 0.1
+    with pytest.raises(ValueError, match="factor"):
+        KLLearningRateController(factor=0.5)
+
+
+def test_the_ppo_trainer_call_site_works_with_every_lr_controller():
+    # rlkit.algos.train_ppo does: lr = lr_controller(kl, lr)
+    for c in (KLLearningRateController(), KLTriggeredLR()):
+        lr = 1e-3
+        for kl in (0.1, 0.0, 0.005):
+            lr = float(c(kl, lr))
+            assert 0 < lr < 1
+
+
+# ----------------------------------------------------------------------------------------------
+# the adaptive KL coefficient (chapter 4)
+# ----------------------------------------------------------------------------------------------
+
+def test_adaptive_kl_rules():
+    t = 0.01
+    ppo = AdaptiveKLController(1.0, t, "ppo")
+    art = AdaptiveKLController(1.0, t, "article")
+    assert ppo.update(0.02) == 2.0 and art.update(0.02) == 2.0          # > 1.5 target
+    assert ppo.update(0.012) == 2.0 and art.update(0.012) == 2.0        # dead band
+    # 0.6 * target: below target/1.5 (halve under "ppo") but above 0.5 * target ("article")
+    assert ppo.update(0.006) == 1.0 and art.update(0.006) == 2.0
+    assert ppo.update(0.004) == 0.5 and art.update(0.004) == 1.0
+    # proportional: beta * exp(k e n / H), the error clipped at +-0.2
+    prop = AdaptiveKLController(1.0, t, "proportional", k_beta=0.1, horizon=1.0)
+    assert math.isclose(prop.update(10 * t), math.exp(0.1 * 0.2))
+    b = prop.beta
+    assert math.isclose(prop.update(1.1 * t), b * math.exp(0.1 * 0.1))
+    b = prop.beta
+    assert math.isclose(prop.update(0.0), b * math.exp(-0.1 * 0.2))
+    trl = AdaptiveKLController(0.5, t, "proportional", k_beta=1.0, horizon=10_000)
+    assert math.isclose(trl.update(2 * t, n_steps=256), 0.5 * math.exp(0.2 * 256 / 10_000))
+    # for small steps it is TRL's linear 1 + x to second order
+    assert abs(math.exp(0.2 * 256 / 10_000) - (1 + 0.2 * 256 / 10_000)) < 0.2 * 256 / 10_000 * 0.03
+    assert math.isclose(trl.update(torch.tensor(t), n_steps=256), trl.beta)
+    # the stateless form of the one interface gives the same numbers
+    assert AdaptiveKLController(1.0, t, "ppo")(0.02, 3.0) == 6.0
+
+
+@pytest.mark.parametrize("rule", AdaptiveKLController.RULES)
+@pytest.mark.parametrize("n_steps", [1, 100, 10_000, 10 ** 9])
+def test_adaptive_kl_beta_stays_positive_and_finite(rule, n_steps):
+    # the old linear proportional rule reached beta = 1 - 0.1 * 0.2 * 100 - 1 = -1 at n_steps = 100
+    c = AdaptiveKLController(1.0, 0.01, rule)
+    for kl in [0.0] * 50 + [10.0] * 100 + [0.0] * 3000:
+        beta = c.update(kl, n_steps)
+        assert math.isfinite(beta) and c.value_min <= beta <= c.value_max and beta > 0
+
+
+def test_adaptive_kl_validation():
+    with pytest.raises(ValueError, match="rule"):
+        AdaptiveKLController(1.0, 0.01, "pid")
+    with pytest.raises(ValueError, match="target"):
+        AdaptiveKLController(1.0, 0.0)
+    with pytest.raises(ValueError, match="init_beta"):
+        AdaptiveKLController(0.0, 0.01)
+    with pytest.raises(ValueError, match="kl"):
+        AdaptiveKLController().update(float("nan"))
+    with pytest.raises(ValueError, match="n_steps"):
+        AdaptiveKLController().update(0.01, n_steps=0)

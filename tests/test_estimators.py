@@ -7,10 +7,14 @@ import pytest
 import torch
 from torch import nn
 
-from rlkit.estimators import (effective_sample_size, gradient_bias_variance, importance_weight_variance,
-                              score_sums, trace_covariance)
+from rlkit.estimators import (
+    effective_sample_size,
+    gradient_bias_variance,
+    importance_weight_variance,
+    score_sums,
+    trace_covariance,
+)
 from rlkit.nets import CategoricalPolicy
-
 
 # ------------------------------------------------------------------------- effective sample size
 
@@ -51,6 +55,26 @@ def test_ess_dim_and_edge_cases():
     assert torch.isfinite(out) and math.isclose(float(out), 1.0, rel_tol=1e-6)
 
 
+
+def test_ess_count_and_share_masks_and_no_samples():
+    lw = torch.log(torch.tensor([[1.0, 3.0, 7.0], [2.0, 2.0, 5.0]], dtype=torch.float64))
+    m = torch.tensor([[True, True, False], [True, True, True]])
+    lw_pad = lw.clone()
+    lw_pad[0, 2] = float("nan")                      # padding is never read
+    got = effective_sample_size(lw_pad, mask=m)
+    # by hand: (1 + 3)^2 / (1 + 9) = 1.6 and (2 + 2 + 5)^2 / (4 + 4 + 25) = 81 / 33
+    assert torch.allclose(got, torch.tensor([1.6, 81 / 33], dtype=torch.float64))
+    share = effective_sample_size(lw_pad, mask=m, share=True)
+    assert torch.allclose(share, torch.tensor([1.6 / 2, 81 / 33 / 3], dtype=torch.float64))
+    flat = effective_sample_size(lw_pad, mask=m, dim=None)
+    w = [1.0, 3.0, 2.0, 2.0, 5.0]
+    assert math.isclose(float(flat), sum(w) ** 2 / sum(x * x for x in w), rel_tol=1e-12)
+    # no sample: 0, count and share alike
+    assert effective_sample_size(torch.zeros(2, 0)).tolist() == [0.0, 0.0]
+    assert effective_sample_size(torch.zeros(2, 0), share=True).tolist() == [0.0, 0.0]
+    assert float(effective_sample_size(lw, mask=torch.zeros_like(m), dim=None, share=True)) == 0.0
+
+
 @pytest.mark.parametrize("kwargs,err", [
     (dict(), ValueError),
     (dict(log_weights=torch.zeros(3), weights=torch.ones(3)), ValueError),
@@ -59,7 +83,6 @@ def test_ess_dim_and_edge_cases():
     (dict(log_weights=torch.tensor([0.0, float("nan")])), ValueError),
     (dict(log_weights=torch.tensor([0.0, float("inf")])), ValueError),
     (dict(log_weights=torch.zeros(3, dtype=torch.int64)), TypeError),
-    (dict(log_weights=torch.zeros(2, 0)), ValueError),
     (dict(log_weights=torch.zeros(3), dim=1), ValueError),
 ])
 def test_ess_validation(kwargs, err):

@@ -4,12 +4,22 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from rlkit.objectives import (AGGREGATIONS, AdaptiveKLController, aggregate,
-                              decoupled_ppo_loss, geppo_loss, grpo_advantages,
-                              normalize_advantages, policy_gradient_loss, ppo_clip_loss,
-                              rloo_advantages)
+from rlkit.objectives import (
+    AGGREGATIONS,
+    LOG_RATIO_CAP,
+    aggregate,
+    clipped_policy_loss,
+    decoupled_ppo_loss,
+    geppo_loss,
+    grpo_advantages,
+    normalize_advantages,
+    policy_gradient_loss,
+    ppo_clip_loss,
+    rloo_advantages,
+)
 
 torch.set_num_threads(1)
 SET = settings(max_examples=30, deadline=None)
@@ -295,36 +305,129 @@ def test_decoupled_vs_reference_and_identities():
 
 
 # ----------------------------------------------------------------------------------------------
-# adaptive KL
+# per-sample clip radii and the one dispatcher of the stale trainers
 # ----------------------------------------------------------------------------------------------
 
-def test_adaptive_kl_rules():
-    t = 0.01
-    ppo = AdaptiveKLController(1.0, t, "ppo")
-    art = AdaptiveKLController(1.0, t, "article")
-    assert ppo.update(0.02) == 2.0 and art.update(0.02) == 2.0          # > 1.5 target
-    assert ppo.update(0.012) == 2.0 and art.update(0.012) == 2.0        # dead band
-    # 0.6 * target: below target/1.5 (halve under "ppo") but above 0.5 * target ("article")
-    assert ppo.update(0.006) == 1.0 and art.update(0.006) == 2.0
-    assert ppo.update(0.004) == 0.5 and art.update(0.004) == 1.0
-    prop = AdaptiveKLController(1.0, t, "proportional", k_beta=0.1, horizon=1.0)
-    assert math.isclose(prop.update(10 * t), 1.0 * (1 + 0.1 * 0.2))        # error clipped at .2
-    b = prop.beta
-    assert math.isclose(prop.update(1.1 * t), b * (1 + 0.1 * 0.1))
-    b = prop.beta
-    assert math.isclose(prop.update(0.0), b * (1 - 0.1 * 0.2))
-    trl = AdaptiveKLController(0.5, t, "proportional", k_beta=1.0, horizon=10_000)
-    assert math.isclose(trl.update(2 * t, n_steps=256), 0.5 * (1 + 0.2 * 256 / 10_000))
-    assert math.isclose(trl.update(torch.tensor(t), n_steps=256), trl.beta)
+def _group_loop(method, new, prox, beh, adv, eps, mask=None, aggregation="token-mean", behav_clip=None):
+    """The stale trainers' old computation: one loss call per distinct radius, weighted by the
+    group's share of tokens (token-mean) or of non-empty sequences (sequence means)."""
+    fns = {"standard": lambda s, e: ppo_clip_loss(new[s], beh[s], adv[s], eps=e, mask=None if mask is None else mask[s],
+                                                  aggregation=aggregation),
+           "adaptive": lambda s, e: geppo_loss(new[s], prox[s], beh[s], adv[s], eps=e,
+                                               mask=None if mask is None else mask[s], aggregation=aggregation),
+           "decoupled": lambda s, e: decoupled_ppo_loss(new[s], prox[s], beh[s], adv[s], eps=e, behav_clip=behav_clip,
+                                                        mask=None if mask is None else mask[s],
+                                                        aggregation=aggregation)}
+    if mask is None:
+        units = torch.ones(new.shape[0], dtype=new.dtype)
+    else:
+        m = mask > 0
+        units = (m.sum(-1) if aggregation == "token-mean" else (m.sum(-1) > 0)).to(new.dtype)
+    total = units.sum()
+    loss = 0.0
+    for e in torch.unique(eps).tolist():
+        rows = [i for i in range(new.shape[0]) if eps[i].item() == e]
+        w = units[rows].sum() / total
+        if w > 0:
+            loss = loss + w * fns[method](rows, e)[0]
+    return loss
 
 
-def test_adaptive_kl_validation():
-    with pytest.raises(ValueError, match="rule"):
-        AdaptiveKLController(1.0, 0.01, "pid")
-    with pytest.raises(ValueError, match="target"):
-        AdaptiveKLController(1.0, 0.0)
-    with pytest.raises(ValueError, match="kl"):
-        AdaptiveKLController().update(float("nan"))
+@pytest.mark.parametrize("method", ["standard", "adaptive", "decoupled"])
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
+def test_per_response_radius_equals_the_group_weighted_loop(method, aggregation):
+    # the LLM trainer: [B, T] tokens with a mask, one radius per response (age schedule)
+    new, prox, beh, adv, mask = data(B=6, T=5, seed=11, scale=0.5)
+    eps = torch.tensor([0.2, 0.1, 0.2, 0.05, 0.1, 0.2], dtype=D64)
+    bc = 1.5 if method == "decoupled" else None
+    loss, st_ = clipped_policy_loss(method, new, prox, beh, adv, eps, behav_clip=bc, mask=mask,
+                                    aggregation=aggregation)
+    want = _group_loop(method, new, prox, beh, adv, eps, mask, aggregation, behav_clip=bc)
+    assert abs(loss.item() - float(want)) < 1e-12
+    g1 = torch.autograd.grad(loss, new)[0]
+    g2 = torch.autograd.grad(want, new)[0]
+    assert torch.allclose(g1, g2, atol=1e-14)
+    assert 0.0 <= st_["clip_fraction"].item() <= 1.0
+
+
+@pytest.mark.parametrize("method", ["standard", "adaptive", "decoupled"])
+def test_per_sample_radius_on_flat_batches_equals_the_group_loop(method):
+    # the CartPole trainer: flat [B] tensors, one radius per sample
+    new, prox, beh, adv, _ = data(B=1, T=12, seed=12, scale=0.5)
+    new, prox, beh, adv = (x[0] for x in (new, prox, beh, adv))
+    new = new.detach().requires_grad_(True)
+    eps = torch.tensor([0.2, 0.1, 0.2 / 3] * 4, dtype=D64)
+    loss, _ = clipped_policy_loss(method, new, prox, beh, adv, eps)
+    want = _group_loop(method, new[:, None], prox[:, None], beh[:, None], adv[:, None], eps)
+    assert abs(loss.item() - float(want)) < 1e-12
+    # and, token by token, a radius tensor gives the same loss as a float where all radii are equal
+    same = clipped_policy_loss(method, new, prox, beh, adv, torch.full_like(new, 0.2).detach())[0]
+    assert same.item() == clipped_policy_loss(method, new, prox, beh, adv, 0.2)[0].item()
+
+
+def test_clipped_policy_loss_dispatches_to_the_named_losses():
+    new, prox, beh, adv, mask = data(seed=13, scale=0.4)
+    pairs = [("standard", ppo_clip_loss(new, beh, adv, eps=0.15, mask=mask)),
+             ("adaptive", geppo_loss(new, prox, beh, adv, eps=0.15, mask=mask)),
+             ("decoupled", decoupled_ppo_loss(new, prox, beh, adv, eps=0.15, mask=mask))]
+    for method, (want, want_st) in pairs:
+        got, got_st = clipped_policy_loss(method, new, prox, beh, adv, 0.15, mask=mask)
+        assert got.item() == want.item() and got_st.keys() == want_st.keys()
+    with pytest.raises(ValueError, match="method"):
+        clipped_policy_loss("incremental", new, prox, beh, adv, 0.2)
+    with pytest.raises(ValueError, match="behav_clip"):
+        clipped_policy_loss("adaptive", new, prox, beh, adv, 0.2, behav_clip=2.0)
+    with pytest.raises(ValueError, match="eps"):
+        clipped_policy_loss("standard", new, prox, beh, adv, torch.full((3,), 0.2, dtype=D64))
+    with pytest.raises(ValueError, match="eps"):
+        clipped_policy_loss("standard", new, prox, beh, adv, torch.full((new.shape[0],), -0.2, dtype=D64))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gradient_is_zero_where_the_clip_binds_even_past_overflow(dtype):
+    # log-ratios 100 and -100: exp overflows float32/bfloat16 at 88.7
+    lr = torch.tensor([100.0, 100.0, -100.0, 50.0, -50.0, 100.0], dtype=dtype)
+    adv = torch.tensor([1.0, -1.0, -1.0, 1.0, -1.0, -1.0], dtype=dtype)
+    new = lr.clone().requires_grad_(True)
+    zero = torch.zeros_like(lr)
+    loss, st_ = ppo_clip_loss(new, zero, adv, dual_clip=3.0)
+    (g,) = torch.autograd.grad(loss, new)
+    assert torch.isfinite(loss) and torch.isfinite(g).all()
+    # 0: A > 0, r > 1 + eps: clipped; 1, 5: A < 0, r > c: dual clip; 2: A < 0, r < 1 - eps: clipped;
+    # 3: A > 0, r > 1 + eps: clipped; 4: A < 0, r < 1 - eps: clipped -> every gradient is 0
+    assert (g == 0).all()
+    # without the dual clip, index 1 is unclipped: ratio held at e^60, gradient -A e^60 / n (finite)
+    loss, _ = ppo_clip_loss(new, zero, adv)
+    (g,) = torch.autograd.grad(loss, new)
+    assert torch.isfinite(loss) and torch.isfinite(g).all()
+    want = math.exp(LOG_RATIO_CAP) / 6
+    assert abs(g[1].item() - want) < 1e-2 * want and abs(g[5].item() - want) < 1e-2 * want
+    assert g[0] == 0 and g[2] == 0 and g[3] == 0 and g[4] == 0
+
+
+def test_float16_is_refused_by_name():
+    x = torch.zeros(2, 3, dtype=torch.float16)
+    with pytest.raises(TypeError, match="logp_new.*float16"):
+        ppo_clip_loss(x, x, x)
+    with pytest.raises(TypeError, match="logp_new.*float16"):
+        clipped_policy_loss("adaptive", x, x, x, x, 0.2)
+
+
+@pytest.mark.parametrize("shape", [(0,), (0, 4), (3, 0)])
+def test_every_loss_is_finite_on_an_empty_batch(shape):
+    z = torch.zeros(shape, requires_grad=True)
+    m = torch.zeros(shape, dtype=torch.bool)
+    for mask in (None, m):
+        for agg in AGGREGATIONS:
+            losses = [policy_gradient_loss(z, z, mask, agg), ppo_clip_loss(z, z, z, mask=mask, aggregation=agg)[0],
+                      geppo_loss(z, z, z, z, mask=mask, aggregation=agg)[0],
+                      decoupled_ppo_loss(z, z, z, z, mask=mask, aggregation=agg)[0]]
+            losses += [clipped_policy_loss(k, z, z, z, z, 0.2, mask=mask, aggregation=agg)[0]
+                       for k in ("standard", "adaptive", "decoupled")]
+            for loss in losses:
+                assert loss.item() == 0.0
+                assert torch.isfinite(torch.autograd.grad(loss, z, allow_unused=True)[0] if loss.requires_grad
+                                      else torch.zeros(())).all()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -340,6 +443,21 @@ def test_grpo_hand_worked():
     assert torch.allclose(grpo_advantages(r, 4, scale="none")[:4],
                           torch.tensor([0.25, -0.75, 0.25, 0.25]))
     assert torch.equal(grpo_advantages(r, 1), torch.zeros(8))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_identical_rewards_give_exactly_zero_advantages(dtype):
+    # the issue's case: a float32 group of 0.7s used to get 0.056 each (an ulp over a 1e-6 std)
+    r = torch.full((3, 8), 0.7, dtype=dtype)
+    for scale in ("std", "none"):
+        assert (grpo_advantages(r, 4, scale=scale) == 0).all()
+    assert (normalize_advantages(r) == 0).all()
+    assert (normalize_advantages(r, torch.ones(3, 8)) == 0).all()
+    pad = r.clone()
+    pad[:, -1] = float("nan")                       # padding: the real entries are all 0.7
+    m = torch.ones(3, 8, dtype=torch.bool)
+    m[:, -1] = False
+    assert (normalize_advantages(pad, m) == 0).all()
 
 
 @given(n=st.integers(1, 4), G=st.integers(2, 6), seed=st.integers(0, 10_000))
@@ -376,6 +494,9 @@ def test_normalize_advantages():
     assert abs(z.mean().item()) < 1e-12 and abs(z.std().item() - 1) < 1e-6
     one = normalize_advantages(torch.tensor([3.0]))
     assert torch.isfinite(one).all()
+    assert normalize_advantages(torch.zeros(0)).shape == (0,)
+    assert normalize_advantages(torch.zeros(2, 0), torch.zeros(2, 0)).shape == (2, 0)
+    assert grpo_advantages(torch.zeros(0), 4).shape == (0,)
 
 
 # ----------------------------------------------------------------------------------------------

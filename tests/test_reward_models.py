@@ -7,9 +7,21 @@ import math
 import pytest
 import torch
 
-from rlkit.reward_models import (ResponseBandit, RewardNet, best_of_n, bradley_terry_loss, enumerate_responses,
-                                 fit_bradley_terry, fit_reward_model, flattery_bandit, kl_regularised_optimum,
-                                 optimise_policy, policy_summary, simulate_preferences, token_counts)
+from rlkit.reward_models import (
+    ResponseBandit,
+    RewardNet,
+    best_of_n,
+    bradley_terry_loss,
+    enumerate_responses,
+    fit_bradley_terry,
+    fit_reward_model,
+    flattery_bandit,
+    kl_regularised_optimum,
+    optimise_policy,
+    policy_summary,
+    simulate_preferences,
+    token_counts,
+)
 
 F64 = torch.float64
 torch.set_num_threads(1)  # tiny tensors: one thread is faster on a shared machine (see book/setup.md)

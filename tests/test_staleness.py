@@ -5,10 +5,28 @@ import math
 import pytest
 import torch
 
-from rlkit.staleness import (METRICS, Alert, Checkpoint, LagDistribution, Monitor, PolicyArchive,
-                             StaleTrainingConfig, Threshold, VersionedBuffer, age_clip_radius,
-                             effective_sample_size, geppo_clip_radius, mean_by_age, staleness,
-                             staleness_filter, update_shift, version_window)
+from rlkit.estimators import effective_sample_size
+from rlkit.staleness import (
+    METRICS,
+    Alert,
+    Checkpoint,
+    GuardDecision,
+    LagDistribution,
+    Monitor,
+    PolicyArchive,
+    StaleTrainingConfig,
+    Threshold,
+    TrainingGuard,
+    VersionedBuffer,
+    age_clip_radius,
+    geppo_clip_radius,
+    half_abs_ratio_diff,
+    mean_by_age,
+    staleness,
+    staleness_filter,
+    update_shift,
+    version_window,
+)
 
 torch.set_num_threads(1)
 D64 = torch.float64
@@ -63,7 +81,27 @@ def test_estimators_masked_mean_and_zero_on_policy():
     assert staleness(lk, lb, m).item() == pytest.approx(want, rel=1e-6)
     assert staleness(lb, lb).item() == 0.0
     assert update_shift(lk, lk, lb, m).item() == 0.0
-    assert math.isnan(staleness(lk, lb, torch.zeros_like(m)).item())
+    # nothing kept: 0, the one convention of rlkit.utils.masked_mean (and NaN padding stays out)
+    assert staleness(lk, lb, torch.zeros_like(m)).item() == 0.0
+    lk_pad = lk.clone()
+    lk_pad[:, 2] = float("nan")
+    assert staleness(lk_pad, lb, m).item() == pytest.approx(want, rel=1e-6)
+    # per-row means with dim=-1 (what rlkit.tabular uses for a batch of MDPs)
+    rows = staleness(lk, lb, m, dim=-1)
+    assert rows.tolist() == pytest.approx([0.5 * (math.exp(0.5) - 1) / 2, 0.0], rel=1e-6)
+
+
+def test_half_abs_ratio_diff_is_the_one_lemma51_estimator():
+    lb = torch.tensor([-1.0, -2.0, -0.5, -3.0], dtype=D64)
+    la = torch.tensor([-0.5, -2.5, -0.5, float("-inf")], dtype=D64)
+    lc = torch.tensor([-1.5, -2.0, -0.4, -3.0], dtype=D64)
+    loop = [0.5 * abs(math.exp(a - b) - math.exp(c - b)) for a, c, b in zip(la.tolist(), lc.tolist(), lb.tolist())]
+    assert half_abs_ratio_diff(la, lc, lb).item() == pytest.approx(sum(loop) / 4, rel=1e-12)
+    assert update_shift(la, lc, lb).item() == half_abs_ratio_diff(la, lc, lb).item()
+    assert staleness(la, lb).item() == half_abs_ratio_diff(la, lb, lb).item()
+    # equal log-ratios give 0 even where the ratio itself overflows (not inf - inf = NaN)
+    big = torch.tensor([200.0])
+    assert half_abs_ratio_diff(big, big, torch.zeros(1)).item() == 0.0
 
 
 def test_incremental_ratio_is_not_the_update_shift():
@@ -78,7 +116,7 @@ def test_extreme_log_ratios_are_finite(big):
     lb = torch.tensor([0.0, -1.0])
     lk = torch.tensor([big, -1.0])
     ln = torch.tensor([big + 0.1, -1.0])
-    for x in (update_shift(ln, lk, lb), staleness(lk, lb), effective_sample_size(lk - lb)):
+    for x in (update_shift(ln, lk, lb), staleness(lk, lb), effective_sample_size(lk - lb, share=True)):
         assert torch.isfinite(x)
     keep = staleness_filter(lk, lb, 0.2)
     assert keep.tolist() == [False, True]
@@ -100,14 +138,19 @@ def test_estimator_input_checks():
 # ESS, mean by age
 # ----------------------------------------------------------------------------------------------
 
-def test_effective_sample_size_closed_forms():
-    assert effective_sample_size(torch.zeros(10)).item() == pytest.approx(1.0)
+def test_effective_sample_size_share_closed_forms():
+    ess = lambda lw, m=None: effective_sample_size(lw, mask=m, dim=None, share=True)
+    assert ess(torch.zeros(10)).item() == pytest.approx(1.0)
     # w = (1, 3): (1 + 3)^2 / (2 * (1 + 9)) = 0.8
-    assert effective_sample_size(torch.log(torch.tensor([1.0, 3.0]))).item() == pytest.approx(0.8, rel=1e-6)
+    assert ess(torch.log(torch.tensor([1.0, 3.0]))).item() == pytest.approx(0.8, rel=1e-6)
     one_big = torch.tensor([80.0, 0.0, 0.0, 0.0])
-    assert effective_sample_size(one_big).item() == pytest.approx(0.25, rel=1e-6)
+    assert ess(one_big).item() == pytest.approx(0.25, rel=1e-6)
     m = torch.tensor([True, False, True])
-    assert effective_sample_size(torch.tensor([0.0, 50.0, 0.0]), m).item() == pytest.approx(1.0)
+    assert ess(torch.tensor([0.0, 50.0, 0.0]), m).item() == pytest.approx(1.0)
+    # [B, T] tokens with a mask, all kept tokens one sample (the LLM trainer's use); NaN padding is skipped
+    lw = torch.tensor([[0.0, math.log(3.0)], [float("nan"), 0.0]])
+    mm = torch.tensor([[True, True], [False, True]])
+    assert ess(lw, mm).item() == pytest.approx(25 / (3 * 11), rel=1e-6)       # w = 1, 3, 1
 
 
 def test_mean_by_age_matches_loop():
@@ -228,7 +271,7 @@ def test_policy_archive():
     assert arc.behaviour_versions(4, torch.tensor([0, 1, 5])).tolist() == [4, 3, 2]
     with pytest.raises(KeyError):
         arc.get(1)
-    with pytest.raises(ValueError, match="increase"):
+    with pytest.raises(ValueError, match=r"version must be >= 5, got 4"):     # versions increase
         arc.push(4, net)
 
 
@@ -248,7 +291,7 @@ def test_versioned_buffer_window_and_capacity():
     assert cap.versions().tolist() == [0, 1, 1]
     with pytest.raises(ValueError, match="same fields"):
         cap.put(2, torch.zeros(1), y=torch.zeros(1))
-    with pytest.raises(ValueError, match="leading dimension"):
+    with pytest.raises(ValueError, match=r"x must have shape \[n, \.\.\.\] like logp = \(2,\), got \(3,\)"):
         cap.put(2, torch.zeros(2), x=torch.zeros(3))
     with pytest.raises(ValueError, match="newer"):
         cap.take(current=0)
@@ -329,7 +372,7 @@ def test_checkpoint_restores_weights_and_optimizer():
     (dict(clip_schedule="linear"), "clip_schedule"),
 ])
 def test_config_errors_name_the_field(kwargs, field):
-    with pytest.raises(ValueError, match=rf"StaleTrainingConfig\.{field}"):
+    with pytest.raises((ValueError, TypeError), match=rf"StaleTrainingConfig\.{field}"):
         StaleTrainingConfig(**kwargs)
 
 
@@ -371,8 +414,7 @@ def _ref_token_loss(method, logp, lprox, lb, adv, eps, m):
 
 @pytest.mark.parametrize("method", ["standard", "adaptive", "decoupled"])
 def test_per_sample_radius_losses_match_loops(method):
-    from rlkit.algos.stale_ppo import stale_policy_loss
-    from rlkit.llm.stale import stale_token_loss
+    from rlkit.objectives import clipped_policy_loss
     g = torch.Generator().manual_seed(4)
     n = 40
     lb = torch.randn(n, generator=g, dtype=D64)
@@ -381,7 +423,7 @@ def test_per_sample_radius_losses_match_loops(method):
     adv = torch.randn(n, generator=g, dtype=D64)
     ages = torch.randint(0, 4, (n,), generator=g)
     eps = age_clip_radius(0.3, ages).to(D64)
-    loss, _ = stale_policy_loss(method, logp, lprox, lb, adv, eps)
+    loss, _ = clipped_policy_loss(method, logp, lprox, lb, adv, eps)
     want = _ref_token_loss(method, logp.tolist(), lprox.tolist(), lb.tolist(), adv.tolist(), eps.tolist(), [1] * n)
     assert loss.item() == pytest.approx(want, rel=1e-10)
     # LLM layout: 8 responses x 5 tokens, one radius per response, token-mean aggregation
@@ -389,11 +431,44 @@ def test_per_sample_radius_losses_match_loops(method):
     mask = (torch.rand(B, T, generator=g) < 0.8).to(D64)
     mask[:, 0] = 1
     eps_r = age_clip_radius(0.3, torch.randint(0, 4, (B,), generator=g)).to(D64)
-    loss2, _ = stale_token_loss(method, logp[:B * T].view(B, T), lprox[:B * T].view(B, T), lb[:B * T].view(B, T),
-                                adv[:B * T].view(B, T), mask, eps_r, "token-mean")
+    loss2, _ = clipped_policy_loss(method, logp[:B * T].view(B, T), lprox[:B * T].view(B, T), lb[:B * T].view(B, T),
+                                   adv[:B * T].view(B, T), eps_r, mask=mask, aggregation="token-mean")
     want2 = _ref_token_loss(method, logp[:B * T].tolist(), lprox[:B * T].tolist(), lb[:B * T].tolist(),
                             adv[:B * T].tolist(), eps_r.repeat_interleave(T).tolist(), mask.flatten().tolist())
     assert loss2.item() == pytest.approx(want2, rel=1e-10)
+
+
+# ----------------------------------------------------------------------------------------------
+# the one alert / rollback mechanism of both stale trainers
+# ----------------------------------------------------------------------------------------------
+
+def test_training_guard_rollback_save_and_stop():
+    net = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    cfg = StaleTrainingConfig(thresholds=(Threshold("kl", max=0.1),), on_alert="rollback", max_rollbacks=1,
+                              checkpoint_every=2, rollback_lr_factor=0.25)
+    guard = TrainingGuard(cfg, net, opt)
+    w0 = net.weight.detach().clone()
+    with torch.no_grad():
+        net.weight += 1.0
+    d = guard.update(0, kl=0.05)                       # fine: update 0 is not a checkpoint update (1 % 2)
+    assert d == GuardDecision("continue") and not d.rolled_back and not d.stop
+    d = guard.update(1, kl=0.05)                       # fine and (1 + 1) % 2 == 0: save as update 2
+    assert d.action == "continue" and guard.checkpoint.step == 2
+    w2 = net.weight.detach().clone()
+    with torch.no_grad():
+        net.weight += 5.0
+    d = guard.update(2, kl=0.5)                        # alert: restore the weights saved at update 2
+    assert d.rolled_back and d.restored_to == 2 and len(d.alerts) == 1
+    assert torch.equal(net.weight, w2) and not torch.equal(net.weight, w0)
+    assert guard.lr_scale == 0.25 and guard.rollbacks == [(2, 2)]
+    d = guard.update(3, kl=0.5)                        # max_rollbacks reached: stop
+    assert d.stop and guard.rollbacks == [(2, 2)] and len(guard.alerts) == 2
+    # on_alert="log": alerts are only recorded
+    log = TrainingGuard(StaleTrainingConfig(thresholds=(Threshold("kl", max=0.1),)), net, opt)
+    assert log.update(0, kl=1.0).action == "continue" and len(log.alerts) == 1
+    with pytest.raises(TypeError, match="config"):
+        TrainingGuard("not a config", net, opt)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -401,9 +476,10 @@ def test_per_sample_radius_losses_match_loops(method):
 # ----------------------------------------------------------------------------------------------
 
 def _short_ppo(**cfg):
+    from rlkit.algos import StalePPOConfig
     from rlkit.algos.stale_ppo import train_stale_ppo
-    return train_stale_ppo(total_steps=4 * 64, num_envs=4, num_steps=16, epochs=2, progress=False,
-                           config=StaleTrainingConfig(**cfg))
+    return train_stale_ppo(cfg=StalePPOConfig(total_steps=4 * 64, num_envs=4, num_steps=16, epochs=2),
+                           stale=StaleTrainingConfig(**cfg), progress=False)
 
 
 def test_stale_ppo_lag0_methods_identical_and_lemma51():

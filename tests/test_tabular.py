@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from rlkit import tabular as T
+from rlkit.staleness import half_abs_ratio_diff
 
 torch.set_num_threads(1)
 F64 = torch.float64
@@ -191,6 +192,22 @@ def test_tight_example_closed_form_and_limit():
     assert (t.improvement[1:] < t.surrogate[1:] - t.penalty[1:] / 2).all()
 
 
+def test_tight_example_state_shift_and_expected_advantages_closed_form():
+    # the docstring's claims: abar(X) = -c, abar(Y) = +c; ||d_new - d_old||_1 = 2 g p while the
+    # state-shift bound is 2 g p + 2 g^2 eta / (1 - g). By hand: d_old = (1-g, 0, g),
+    # d_new = (1-g, g p, g (1-p)); TV = p at the start, eta in Y (X has no old mass).
+    gam, sw, c = 0.8, 0.25, 1.5
+    etas = torch.tensor([1e-2, 1e-5], dtype=F64)
+    mdp, pi, pi2 = T.tight_example(torch.full((2,), gam, dtype=F64), sw, etas, c)
+    t = T.single_policy_terms(mdp, pi, pi2)
+    assert torch.allclose(t.d_old, torch.tensor([1 - gam, 0.0, gam], dtype=F64).expand(2, 3), atol=1e-12)
+    assert torch.allclose(t.d_new, torch.tensor([1 - gam, gam * sw, gam * (1 - sw)], dtype=F64).expand(2, 3),
+                          atol=1e-12)
+    assert torch.allclose(t.abar[:, 1:], torch.tensor([-c, c], dtype=F64).expand(2, 2), rtol=1e-9)
+    assert torch.allclose(t.state_shift, torch.full((2,), 2 * gam * sw, dtype=F64), atol=1e-12)
+    assert torch.allclose(t.lemma_bound, 2 * gam * sw + 2 * gam ** 2 * etas / (1 - gam), rtol=1e-9)
+
+
 def test_contextual_bandit_surrogate_is_exact():
     g = _gen(4)
     rho0 = torch.softmax(torch.randn(10, 6, generator=g, dtype=F64), -1)
@@ -210,6 +227,18 @@ def test_softmax_step_improves_for_small_steps(batch):
     assert torch.allclose(new.sum(-1), torch.ones_like(new[..., 0]))
     # a mirror-ascent step is a policy-improvement step: J does not decrease
     assert (T.performance(mdp, new) >= T.performance(mdp, pi) - 1e-12).all()
+
+
+def test_softmax_step_raises_the_surrogate_by_step_times_expected_variance(batch):
+    # the docstring's first-order claim: L_pi(pi') ~ step * E_{d_pi}[Var_pi A_pi] / (1 - gamma),
+    # the variance computed here directly, E_pi[A^2] - (E_pi A)^2
+    mdp, pi, _ = batch
+    A, d = T.advantage(mdp, pi), T.visitation(mdp, pi)
+    var = (pi * A ** 2).sum(-1) - (pi * A).sum(-1) ** 2
+    slope = (d * var).sum(-1) / (1 - mdp.gamma)
+    h = 1e-6
+    L = T.surrogate(d, T.softmax_step(pi, A, h), A, mdp.gamma)
+    assert torch.allclose(L / h, slope, rtol=1e-4, atol=1e-8)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -321,6 +350,7 @@ def test_dynamic_mixture_bounds_and_slow_U_S(step_level):
     dt = T.dynamic_mixture_terms(mdp, pols, alpha, kernel, pi_k, pi_new)
     assert torch.allclose(dt.improvement, (dt.J_new - dt.J_mix) + dt.mixture_gap, atol=1e-10)
     assert (dt.mixture_gap >= -dt.mixture_gap_bound - 1e-10).all()
+    assert (dt.mixture_gap <= dt.mixture_gap_bound + 1e-10).all()   # the proof's bound is two-sided
     assert (dt.improvement >= dt.bound_thm41 - 1e-10).all()
     assert (dt.bound_thm41 >= dt.bound_cor42 - 1e-10).all()
     # U and S by loops over (s, i) for two batch elements
@@ -357,7 +387,7 @@ def test_half_abs_ratio_diff_hand_case_and_exact_identity():
     lb = torch.log(torch.tensor([0.5, 0.5], dtype=F64))
     la = torch.log(torch.tensor([1.0, 1e-300], dtype=F64))
     lbb = torch.log(torch.tensor([1e-300, 1.0], dtype=F64))
-    assert torch.allclose(T.half_abs_ratio_diff(la, lbb, lb), torch.tensor(1.0, dtype=F64))
+    assert torch.allclose(half_abs_ratio_diff(la, lbb, lb), torch.tensor(1.0, dtype=F64))
     # exact: weighting every action by the behaviour probability gives the TV exactly
     g = _gen(13)
     p1, pa, pb = (torch.softmax(torch.randn(5, 4, generator=g, dtype=F64), -1) for _ in range(3))
@@ -369,10 +399,18 @@ def test_half_abs_ratio_diff_extreme_logs_and_mask():
     la = torch.tensor([50.0, -50.0, 0.0])
     lb = torch.tensor([-50.0, 50.0, 0.0])
     l1 = torch.zeros(3)
-    out = T.half_abs_ratio_diff(la, lb, l1)
+    out = half_abs_ratio_diff(la, lb, l1)
     assert torch.isfinite(out)
     mask = torch.tensor([0.0, 0.0, 1.0])
-    assert T.half_abs_ratio_diff(la, lb, l1, mask=mask).item() == 0.0
+    assert half_abs_ratio_diff(la, lb, l1, mask=mask).item() == 0.0
+    # NaN / inf in masked-out entries never reach the estimate
+    pad = torch.tensor([float("nan"), float("inf"), 0.0])
+    assert half_abs_ratio_diff(pad, pad, l1, mask=mask).item() == 0.0
+    # a batch of MDPs: one estimate per row with dim=-1; an all-false row gives 0, not NaN
+    two = torch.stack([la, la])
+    rows = half_abs_ratio_diff(two, torch.stack([lb, lb]), torch.stack([l1, l1]),
+                               mask=torch.stack([mask, torch.zeros(3)]), dim=-1)
+    assert rows.tolist() == [0.0, 0.0]
 
 
 def test_sampled_U_S_converge_to_exact():
@@ -383,7 +421,8 @@ def test_sampled_U_S_converge_to_exact():
     U_hat, S_hat = T.estimate_update_and_staleness(mdp, pols, alpha, kernel, pi_k, pi_new, 200_000, generator=g)
     # per-sample values lie in [0, max ratio]; a crude 6-sigma band from the ratios' range
     aug, beta = T.augment(mdp, pols, alpha, kernel)
-    rmax = torch.maximum((T.lift_policy(pi_new, 3) / beta).amax((-1, -2)), (T.lift_policy(pi_k, 3) / beta).amax((-1, -2)))
+    rmax = torch.maximum((T.lift_policy(pi_new, 3) / beta).amax((-1, -2)),
+                         (T.lift_policy(pi_k, 3) / beta).amax((-1, -2)))
     tol = 6 * 0.5 * (rmax + 1) / math.sqrt(200_000)
     assert ((U_hat - dt.U).abs() < tol).all() and ((S_hat - dt.S).abs() < tol).all()
 
@@ -407,7 +446,7 @@ def test_validation_errors():
         T.FiniteMDP(mdp.P * 2, mdp.R, mdp.rho0, 0.9)
     with pytest.raises(ValueError, match="gamma"):
         T.FiniteMDP(mdp.P, mdp.R, mdp.rho0, 1.0)
-    with pytest.raises(ValueError, match="R must have shape"):
+    with pytest.raises(ValueError, match=r"R has shape \(2, 1\), which does not fit \[\.\.\., S, A\]"):
         T.FiniteMDP(mdp.P, mdp.R[:, :1], mdp.rho0, 0.9)
     with pytest.raises(TypeError, match="P"):
         T.FiniteMDP(mdp.P.numpy(), mdp.R, mdp.rho0, 0.9)
@@ -415,7 +454,7 @@ def test_validation_errors():
         T.value(mdp, pi[None])  # no silent broadcasting of a batched policy
     with pytest.raises(ValueError, match="pi"):
         T.value(mdp, pi * 0.5)
-    with pytest.raises(ValueError, match="p and q"):
+    with pytest.raises(ValueError, match=r"q has shape \(1, 2\) but the shape of p"):
         T.tv_distance(pi, pi[:1])
     with pytest.raises(ValueError, match="sigma"):
         T.step_kernel(torch.tensor([1.5, 0.0], dtype=F64), torch.eye(2, dtype=F64))
@@ -424,7 +463,7 @@ def test_validation_errors():
     with pytest.raises(ValueError, match="alpha"):
         T.augment(mdp, torch.stack([pi, pi]), torch.tensor([0.7, 0.7], dtype=F64), torch.eye(2, dtype=F64))
     with pytest.raises(ValueError, match="logp_a"):
-        T.half_abs_ratio_diff(torch.zeros(3), torch.zeros(2), torch.zeros(3))
+        half_abs_ratio_diff(torch.zeros(3), torch.zeros(2), torch.zeros(3))
     with pytest.raises(ValueError, match="n must be"):
         T.sample_state_actions(torch.tensor([1.0]), torch.tensor([[1.0]]), 0)
 
@@ -479,7 +518,7 @@ def test_exercise_references_agree_with_rlkit_tabular():
     b42 = get("corollary42_bound").reference(dt.surrogate, dt.eps, dt.adv_old_max, dt.U, dt.S, 0.8)
     assert torch.allclose(b42, dt.bound_cor42)
     la, lb, l1 = torch.randn(3, 50, generator=g, dtype=F64).unbind(0)
-    assert torch.allclose(get("update_shift_estimate").reference(la, lb, l1), T.half_abs_ratio_diff(la, lb, l1))
+    assert torch.allclose(get("update_shift_estimate").reference(la, lb, l1), half_abs_ratio_diff(la, lb, l1))
 
 
 # The generic checks (each reference passes its checker, each registered mistake is
