@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from rlkit.llm import ADDITION, RLConfig, evaluate, load_pretrained, sample, steps_to_reach, train
+from rlkit.llm import ADDITION, RLConfig, load_pretrained, sample, steps_to_reach, train
 from rlkit.llm.checkpoint import CHECKPOINT_DIR, DEFAULT_NAME, load_checkpoint
 
 
@@ -98,7 +98,8 @@ def main():
 
     for seed in args.seeds:
         g = bench_grpo(seed, args.grpo_steps)
-        print(f"[grpo seed {seed}] base held-out accuracy greedy {g['base_greedy']:.3f} sampled {g['base_sampled']:.3f}; "
+        print(f"[grpo seed {seed}] base held-out accuracy greedy {g['base_greedy']:.3f} "
+              f"sampled {g['base_sampled']:.3f}; "
               f">= 90% greedy and sampled after {g['updates_to_90']} updates = {g['train_seconds_to_90']} s of "
               f"training (target <= 120 s); after {args.grpo_steps} updates greedy {g['final_greedy']:.3f} "
               f"sampled {g['final_sampled']:.3f} ({g['train_seconds_total']:.1f} s training, "

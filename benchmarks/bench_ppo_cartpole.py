@@ -43,6 +43,7 @@ import statistics
 import subprocess
 import sys
 import time
+from string import Template
 
 THRESHOLD, WINDOW = 475.0, 20
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,19 +52,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # child processes: each prints one JSON line {"steps": int|None, "t_hit": wall-clock time.time()}
 # ---------------------------------------------------------------------------------------------
 
-RLKIT_CHILD = r"""
+RLKIT_CHILD = Template(r"""
 import json, sys, time
 import torch
 torch.set_num_threads(1)
-from rlkit.algos import train_ppo
+from rlkit.algos import PPOConfig, train_ppo
 seed, max_steps, kw = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
-model, h = train_ppo("CartPole-v1", total_steps=max_steps, seed=seed, progress=False,
-                     target_return=%(thr)r, target_window=%(win)d, **kw)
+cfg = PPOConfig(total_steps=max_steps, seed=seed, target_return=$thr, target_window=$win, **kw)
+model, h = train_ppo("CartPole-v1", cfg, progress=False)
 t_hit = time.time()
-print(json.dumps({"steps": h.steps_to(%(thr)r, %(win)d), "t_hit": t_hit, "train_s": h.wall_time[-1]}))
-""" % {"thr": THRESHOLD, "win": WINDOW}
+print(json.dumps({"steps": h.steps_to($thr, $win), "t_hit": t_hit, "train_s": h.wall_time[-1]}))
+""").substitute(thr=THRESHOLD, win=WINDOW)
 
-SB3_CHILD = r"""
+SB3_CHILD = Template(r"""
 import json, sys, time
 t_import = time.time()
 import numpy as np, torch
@@ -85,7 +86,7 @@ class StopAt(BaseCallback):
             ep = info.get("episode")
             if ep is not None:
                 self.returns.append(float(ep["r"]))
-                if len(self.returns) >= %(win)d and np.mean(self.returns[-%(win)d:]) >= %(thr)r:
+                if len(self.returns) >= $win and np.mean(self.returns[-$win:]) >= $thr:
                     self.hit = (self.num_timesteps, time.time())
                     return False
         return True
@@ -98,7 +99,7 @@ t0 = time.time()
 model.learn(total_timesteps=max_steps, callback=cb)
 steps, t_hit = cb.hit if cb.hit else (None, time.time())
 print(json.dumps({"steps": steps, "t_hit": t_hit, "train_s": t_hit - t0}))
-""" % {"thr": THRESHOLD, "win": WINDOW}
+""").substitute(thr=THRESHOLD, win=WINDOW)
 
 ZOO_KW = dict(num_envs=8, num_steps=32, num_minibatches=1, gae_lambda=0.8, gamma=0.98, epochs=20,
               ent_coef=0.0, lr=1e-3, anneal_lr=True, clip_eps=0.2, anneal_clip=True)
@@ -169,7 +170,7 @@ def main():
     ap.add_argument("--no-sb3", action="store_true", help="skip Stable Baselines3 even if installed")
     ap.add_argument("--zoo-settings", action="store_true", help="also run rlkit's PPO with rl-zoo's settings")
     ap.add_argument("--cleanrl", metavar="PATH", help="path to a CleanRL ppo.py to time")
-    ap.add_argument("--rlkit-kwargs", default="{}", help="JSON dict of extra train_ppo arguments")
+    ap.add_argument("--rlkit-kwargs", default="{}", help="JSON dict of extra PPOConfig fields")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per trial")
     ap.add_argument("--json", metavar="FILE", help="also write all results to FILE")
     args = ap.parse_args()

@@ -1,4 +1,4 @@
-"""Rollouts on gymnasium 1.x vector environments, with autoreset handled correctly (Part I).
+r"""Rollouts on gymnasium 1.x vector environments, with autoreset handled correctly (Part I).
 
 The pitfall
 -----------
@@ -6,7 +6,7 @@ gymnasium >= 1.0 vector environments reset a finished sub-environment on the *ne
 ``step`` by default (``AutoresetMode.NEXT_STEP``): that step ignores the action, returns the first
 observation of the new episode and reward 0, and ``infos`` no longer carries the final observation.
 A training loop written for gym 0.2x silently learns from those dummy transitions, and it cannot
-bootstrap V(s_final) on a time-limit truncation because s_final is gone.
+bootstrap :math:`V(s_{\text{final}})` on a time-limit truncation because :math:`s_{\text{final}}` is gone.
 
 The choice made here
 --------------------
@@ -15,13 +15,18 @@ ends an episode returns the *reset* observation of the next episode as ``obs`` a
 observation in ``infos["final_obs"][i]`` (with ``infos["_final_obs"][i] = True``).  No transition is a
 dummy, and we keep the true successor state of every step:
 
-    next_obs[i, t] = infos["final_obs"][i]   if the episode of env i ended at step t,
-                   = obs returned by step t   otherwise.
+.. math::
 
-so ``next_values[..., t] = V(next_obs[..., t])`` is V(final observation) at truncations (which the
-advantage estimator needs, since a time limit is not a terminal state) and the ordinary V(s_{t+1})
-elsewhere.  At a termination the value is multiplied by ``discounts = gamma * (1 - terminated) = 0``
-(see :func:`rlkit.returns.from_gymnasium`), and at any episode end the lambda-trace is cut, so the
+    \texttt{next_obs}[i, t] = \begin{cases}
+        \texttt{infos["final_obs"]}[i] & \text{if the episode of env } i \text{ ended at step } t,\\
+        \text{the obs returned by step } t & \text{otherwise,}
+    \end{cases}
+
+so ``next_values[..., t] = V(next_obs[..., t])`` is :math:`V` of the final observation at truncations
+(which the advantage estimator needs, since a time limit is not a terminal state) and the ordinary
+:math:`V(s_{t+1})` elsewhere.  At a termination the value is multiplied by
+:math:`\gamma_t = \gamma\,(1 - \text{terminated}_t) = 0` (``discounts``, see
+:func:`rlkit.returns.from_gymnasium`), and at any episode end the :math:`\lambda`-trace is cut, so the
 episode boundary inside a row of the batch never leaks credit across episodes.
 
 Shapes follow the library convention, time LAST: per-step tensors are ``[num_envs, T]``,
@@ -34,19 +39,20 @@ observations ``[num_envs, T, obs_dim]``.
   finished).  ``collect(act_fn, T, value_fn)`` gives fixed-length rollouts that continue across
   updates (A2C, PPO, TRPO); ``collect_episodes(act_fn)`` gives one complete episode per env starting
   from a reset (REINFORCE), with a ``mask`` of the real steps.
+* :func:`sample_episodes` - many complete episodes of a fixed policy from a natively vectorised
+  env (NEXT_STEP autoreset, dummy steps masked), as padded tensors (chapter 2's estimator study).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Callable
-
-import numpy as np
-import torch
 
 import gymnasium as gym
+import numpy as np
+import torch
 from gymnasium.vector import AutoresetMode
 
-__all__ = ["make_vec_env", "Batch", "RolloutCollector", "EpisodeLog"]
+__all__ = ["make_vec_env", "Batch", "RolloutCollector", "EpisodeLog", "sample_episodes"]
 
 
 def make_vec_env(env: str | Callable[[], gym.Env], num_envs: int = 8, **make_kwargs) -> gym.vector.SyncVectorEnv:
@@ -73,19 +79,20 @@ def make_vec_env(env: str | Callable[[], gym.Env], num_envs: int = 8, **make_kwa
 
 @dataclass
 class Batch:
-    """One rollout.  ``N`` envs, ``T`` steps, time last.
+    r"""One rollout.  ``N`` envs, ``T`` steps, time last.
 
-    obs          [N, T, obs_dim]  s_t
-    actions      [N, T]           a_t (int64)
-    logp         [N, T]           log pi_old(a_t | s_t) of the policy that acted
-    rewards      [N, T]           r_t
-    terminated   [N, T] bool      s_{t+1} is terminal (its value is 0)
-    truncated    [N, T] bool      the episode was cut by a time limit after this step
-    next_obs     [N, T, obs_dim]  the true s_{t+1} (``infos["final_obs"]`` at episode ends)
-    mask         [N, T] bool      real steps (all True for fixed-length rollouts; in
-                                  ``collect_episodes`` the steps after an env's episode ended are False)
-    values       [N, T] or None   V(s_t)        (if a ``value_fn`` was given)
-    next_values  [N, T] or None   V(next_obs_t) (V(final obs) at episode ends)
+    * ``obs`` ``[N, T, obs_dim]``: :math:`s_t`.
+    * ``actions`` ``[N, T]`` (int64): :math:`a_t`.
+    * ``logp`` ``[N, T]``: :math:`\log\pi_{old}(a_t \mid s_t)` of the policy that acted.
+    * ``rewards`` ``[N, T]``: :math:`r_t`.
+    * ``terminated`` ``[N, T]`` (bool): :math:`s_{t+1}` is terminal (its value is 0).
+    * ``truncated`` ``[N, T]`` (bool): the episode was cut by a time limit after this step.
+    * ``next_obs`` ``[N, T, obs_dim]``: the true :math:`s_{t+1}` (``infos["final_obs"]`` at episode ends).
+    * ``mask`` ``[N, T]`` (bool): the real steps (all True for fixed-length rollouts; in
+      ``collect_episodes`` the steps after an env's episode ended are False).
+    * ``values`` ``[N, T]`` or None: :math:`V(s_t)` (if a ``value_fn`` was given).
+    * ``next_values`` ``[N, T]`` or None: :math:`V` of ``next_obs``, i.e. :math:`V(s_{t+1})`, with
+      :math:`V` of the final observation at episode ends.
     """
     obs: torch.Tensor
     actions: torch.Tensor
@@ -100,10 +107,10 @@ class Batch:
 
     @property
     def dones(self) -> torch.Tensor:
-        """terminated | truncated: an episode ended at this step."""
+        """True where an episode ended at this step (``terminated | truncated``)."""
         return self.terminated | self.truncated
 
-    def to(self, device) -> "Batch":
+    def to(self, device) -> Batch:
         return Batch(**{f.name: (None if getattr(self, f.name) is None else getattr(self, f.name).to(device))
                         for f in fields(self)})
 
@@ -120,11 +127,11 @@ class EpisodeLog:
 class RolloutCollector:
     """Steps a SAME_STEP-autoreset vector env with a policy and logs completed episodes.
 
-    Parameters
-    ----------
-    envs : gymnasium.vector.VectorEnv built with ``AutoresetMode.SAME_STEP`` (see :func:`make_vec_env`).
-    seed : passed to the first ``envs.reset(seed=seed)`` (env i gets ``seed + i``).
-    device : where the returned tensors live (the policy's device).
+    Args:
+        envs: a ``gymnasium.vector.VectorEnv`` built with ``AutoresetMode.SAME_STEP`` (see
+            :func:`make_vec_env`).
+        seed: passed to the first ``envs.reset(seed=seed)`` (env i gets ``seed + i``).
+        device: where the returned tensors live (the policy's device).
 
     ``env_steps`` counts transitions handed to the learner (``N * T`` per ``collect``; the masked
     filler steps of ``collect_episodes`` are not counted).  ``episodes`` is an :class:`EpisodeLog`.
@@ -188,21 +195,21 @@ class RolloutCollector:
         if not (isinstance(num_steps, int) and num_steps >= 1):
             raise ValueError(f"num_steps must be a positive int, got {num_steps!r}")
         N, T = self.num_envs, num_steps
-        obs_l, act_l, logp_l, next_l, rew_l, term_l, trunc_l = [], [], [], [], [], [], []
+        steps = []
         with torch.no_grad():
             for _ in range(T):
                 out = act_fn(self.obs)
                 actions, logp = out[0], out[1]
                 obs, next_obs, reward, term, trunc = self._step(actions)
                 self._log(reward, term | trunc)
-                obs_l.append(self.obs); act_l.append(actions); logp_l.append(logp)
-                next_l.append(next_obs); rew_l.append(reward); term_l.append(term); trunc_l.append(trunc)
+                steps.append((self.obs, actions, logp, next_obs, reward, term, trunc))
                 self.obs = self._t(obs)
-        return self._batch(obs_l, act_l, logp_l, next_l, rew_l, term_l, trunc_l,
-                           torch.ones(N, T, dtype=torch.bool, device=self.device), value_fn)
+        return self._batch(steps, torch.ones(N, T, dtype=torch.bool, device=self.device), value_fn)
 
-    def _batch(self, obs_l, act_l, logp_l, next_l, rew_l, term_l, trunc_l, mask, value_fn) -> Batch:
-        """Stack per-step lists (time becomes dim 1) into a :class:`Batch`; fill values if asked."""
+    def _batch(self, steps, mask, value_fn) -> Batch:
+        """Stack the per-step tuples ``(obs, actions, logp, next_obs, reward, terminated, truncated)``
+        (time becomes dim 1) into a :class:`Batch`; fill values if asked."""
+        obs_l, act_l, logp_l, next_l, rew_l, term_l, trunc_l = zip(*steps)
         dev = self.device
         batch = Batch(
             obs=torch.stack(obs_l, 1),
@@ -237,19 +244,101 @@ class RolloutCollector:
         self.ep_return[:] = 0.0
         self.ep_length[:] = 0
         live = np.ones(N, dtype=bool)
-        obs_l, act_l, logp_l, next_l, rew_l, term_l, trunc_l, mask_l = [], [], [], [], [], [], [], []
+        steps, mask_l = [], []
         with torch.no_grad():
             while live.any():
-                if len(obs_l) >= max_steps:
+                if len(steps) >= max_steps:
                     raise RuntimeError(f"an episode did not end within max_steps={max_steps}")
                 out = act_fn(self.obs)
                 actions, logp = out[0], out[1]
                 obs, next_obs, reward, term, trunc = self._step(actions)
                 self._log(reward, term | trunc, live)
-                obs_l.append(self.obs); act_l.append(actions); logp_l.append(logp); mask_l.append(live.copy())
-                next_l.append(next_obs); rew_l.append(reward * live); term_l.append(term & live)
-                trunc_l.append(trunc & live)
+                steps.append((self.obs, actions, logp, next_obs, reward * live, term & live, trunc & live))
+                mask_l.append(live.copy())
                 live = live & ~(term | trunc)
                 self.obs = self._t(obs)
-        return self._batch(obs_l, act_l, logp_l, next_l, rew_l, term_l, trunc_l,
-                           torch.as_tensor(np.stack(mask_l, 1), device=self.device), value_fn)
+        return self._batch(steps, torch.as_tensor(np.stack(mask_l, 1), device=self.device), value_fn)
+
+
+def sample_episodes(policy: Callable[[torch.Tensor], torch.Tensor], n_episodes: int, seed: int,
+                    num_envs: int = 256, make_env: Callable[[int], gym.vector.VectorEnv] | None = None) -> dict:
+    """``n_episodes`` complete episodes of ``policy``, padded to the longest: a dict of tensors.
+
+    The fast path for MANY episodes of a fixed policy (chapter 2 samples tens of thousands): a
+    natively vectorised environment (``make_env(num_envs)``; default gymnasium's
+    ``CartPoleVectorEnv``) stepped with gymnasium's default ``NEXT_STEP`` autoreset, whose dummy
+    step after every episode end (it ignores the action and returns the first observation of the
+    next episode) is masked out rather than avoided. Each of the ``num_envs`` copies contributes its
+    first ``ceil(n_episodes / num_envs)`` episodes, in copy order, and the first ``n_episodes`` are kept.
+    Actions are drawn from ``softmax(policy(obs))`` with a torch generator seeded by ``seed`` (the
+    environment is reset with the same seed), so a call is reproducible and leaves the global RNG alone.
+
+    Args:
+        policy: a module (or function) ``obs [num_envs, obs_dim] -> logits [num_envs, n_actions]``.
+        n_episodes, num_envs: ints ``>= 1``.
+        seed: int ``>= 0``.
+        make_env: ``num_envs -> VectorEnv`` with ``NEXT_STEP`` autoreset, Box observations and
+            Discrete actions (default: ``CartPoleVectorEnv(num_envs=num_envs)``).
+
+    Returns:
+        ``obs [n, L, obs_dim]``, ``actions [n, L]`` (int64), ``rewards [n, L]``, ``terminated`` and
+        ``truncated [n, L]`` (bool), ``mask [n, L]`` (bool, the real steps) and ``lengths [n]``, with
+        ``n = n_episodes`` and ``L`` the longest episode; padding is 0 / False. Unlike
+        :meth:`RolloutCollector.collect_episodes` there is no ``logp`` and no ``next_obs``.
+    """
+    from . import _validate as V
+
+    V.positive_int(n_episodes, "n_episodes")
+    V.positive_int(num_envs, "num_envs")
+    V.positive_int(seed, "seed", minimum=0)
+    if not callable(policy):
+        raise TypeError(f"policy must be callable obs -> logits, got {type(policy).__name__}")
+    if make_env is None:
+        from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
+        make_env = lambda n: CartPoleVectorEnv(num_envs=n)          # noqa: E731
+    elif not callable(make_env):
+        raise TypeError(f"make_env must be callable num_envs -> VectorEnv, got {type(make_env).__name__}")
+    k = -(-n_episodes // num_envs)                 # take the first k episodes of every copy
+    env = make_env(num_envs)
+    mode = env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
+    if mode != AutoresetMode.NEXT_STEP:
+        env.close()
+        raise ValueError(f"make_env must build a vector env with NEXT_STEP autoreset (its dummy steps are "
+                         f"masked here), got {mode}")
+    obs, _ = env.reset(seed=seed)
+    gen = torch.Generator().manual_seed(seed)
+    O, A, R, TE, TR, VALID = [], [], [], [], [], []
+    valid = np.ones(num_envs, dtype=bool)          # False on the dummy step after an episode end
+    finished = np.zeros(num_envs, dtype=int)
+    with torch.no_grad():
+        while finished.min() < k:
+            o = torch.as_tensor(obs)
+            a = torch.multinomial(torch.softmax(policy(o), -1), 1, generator=gen).squeeze(-1)
+            obs, r, term, trunc, _ = env.step(a.numpy())
+            for store, x in zip((O, A, R, TE, TR, VALID), (o, a, r, term, trunc, valid)):
+                store.append(x)
+            finished += (term | trunc) & valid
+            valid = ~(term | trunc)
+    env.close()
+    O, A = torch.stack(O, 1), torch.stack(A, 1)
+    R, TE, TR, VALID = (np.stack(x, 1) for x in (R, TE, TR, VALID))
+    pieces = []                                    # (copy, indices of its steps) for every episode
+    for i in range(num_envs):
+        steps = np.flatnonzero(VALID[i])
+        ends = steps[TE[i, steps] | TR[i, steps]][:k]
+        starts = np.concatenate([[steps[0]], ends[:-1] + 1])
+        pieces += [(i, steps[(steps >= s) & (steps <= e)]) for s, e in zip(starts, ends)]
+    pieces = pieces[:n_episodes]
+    n, L = len(pieces), max(len(idx) for _, idx in pieces)
+    ep = dict(obs=torch.zeros(n, L, O.shape[-1], dtype=O.dtype), actions=torch.zeros(n, L, dtype=torch.int64),
+              rewards=torch.zeros(n, L), terminated=torch.zeros(n, L, dtype=torch.bool),
+              truncated=torch.zeros(n, L, dtype=torch.bool), mask=torch.zeros(n, L, dtype=torch.bool))
+    for j, (i, idx) in enumerate(pieces):
+        m = len(idx)
+        ep["obs"][j, :m], ep["actions"][j, :m] = O[i, idx], A[i, idx]
+        ep["rewards"][j, :m] = torch.from_numpy(R[i, idx])
+        ep["terminated"][j, :m] = torch.from_numpy(TE[i, idx])
+        ep["truncated"][j, :m] = torch.from_numpy(TR[i, idx])
+        ep["mask"][j, :m] = True
+    ep["lengths"] = ep["mask"].sum(1)
+    return ep

@@ -1,14 +1,13 @@
 """Tests for rlkit.algos (trainers), rlkit.nets and rlkit.algos.history. Fast: tiny envs, few steps."""
 import math
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-import gymnasium as gym
 
-from rlkit.algos import History
+from rlkit.algos import A2CConfig, History, PPOConfig, ReinforceConfig, TRPOConfig
 from rlkit.nets import ActorCritic, CategoricalPolicy, ValueNet, layer_init, mlp
-
 
 # ---------------------------------------------------------------------------------------------
 # tiny environments
@@ -141,8 +140,8 @@ def test_history_log_update_pads_missing_stats_with_nan():
 def test_reinforce_learns_bandit(baseline):
     from rlkit.algos import train_reinforce
     obs = np.array([1.0, 0.0], dtype=np.float32)
-    model, h = train_reinforce(BanditEnv, total_steps=16 * 40, num_envs=16, lr=0.05, baseline=baseline,
-                               progress=False, seed=0)
+    model, h = train_reinforce(BanditEnv, ReinforceConfig(total_steps=16 * 40, num_envs=16, lr=0.05, baseline=baseline,
+                                                          seed=0), progress=False)
     assert len(h.steps) == 40 and h.steps[-1] == 640          # 16 one-step episodes per update
     assert len(h.episode_returns) == 640
     first = np.mean(h.episode_returns[:16])            # the initial, near-uniform policy
@@ -157,9 +156,9 @@ def test_reinforce_learns_bandit(baseline):
 
 def test_reinforce_history_shapes_and_reproducible():
     from rlkit.algos import train_reinforce
-    kw = dict(total_steps=300, num_envs=4, progress=False, seed=3)
-    _, h1 = train_reinforce(ChainEnv, **kw)
-    _, h2 = train_reinforce(ChainEnv, **kw)
+    cfg = ReinforceConfig(total_steps=300, num_envs=4, seed=3)
+    _, h1 = train_reinforce(ChainEnv, cfg, progress=False)
+    _, h2 = train_reinforce(ChainEnv, cfg, progress=False)
     assert h1.episode_returns == h2.episode_returns and h1["loss"] == h2["loss"]
     n = len(h1.steps)
     assert all(len(v) == n for v in h1.stats.values()) and len(h1.wall_time) == n
@@ -172,27 +171,31 @@ def test_reinforce_history_shapes_and_reproducible():
 
 def test_reinforce_validation():
     from rlkit.algos import train_reinforce
-    with pytest.raises(ValueError, match="baseline"):
-        train_reinforce(BanditEnv, total_steps=10, baseline="median", progress=False)
-    with pytest.raises(ValueError, match="gamma"):
-        train_reinforce(BanditEnv, total_steps=10, gamma=1.5, progress=False)
-    with pytest.raises(ValueError, match="lr"):
-        train_reinforce(BanditEnv, total_steps=10, lr=0.0, progress=False)
-    with pytest.raises(ValueError, match="total_steps"):
-        train_reinforce(BanditEnv, total_steps=0, progress=False)
-    with pytest.raises(ValueError, match="num_envs"):
-        train_reinforce(BanditEnv, total_steps=10, num_envs=0, progress=False)
+    with pytest.raises(ValueError, match="ReinforceConfig.baseline"):
+        ReinforceConfig(total_steps=10, baseline="median")
+    with pytest.raises(ValueError, match="ReinforceConfig.gamma"):
+        ReinforceConfig(total_steps=10, gamma=1.5)
+    with pytest.raises(ValueError, match="ReinforceConfig.lr"):
+        ReinforceConfig(total_steps=10, lr=0.0)
+    with pytest.raises(ValueError, match="ReinforceConfig.total_steps"):
+        ReinforceConfig(total_steps=0)
+    with pytest.raises(ValueError, match="ReinforceConfig.num_envs"):
+        ReinforceConfig(total_steps=10, num_envs=0)
     with pytest.raises(TypeError, match="action space"):
-        train_reinforce("Pendulum-v1", total_steps=10, progress=False)
+        train_reinforce("Pendulum-v1", ReinforceConfig(total_steps=10), progress=False)
+    with pytest.raises(TypeError, match="cfg must be a ReinforceConfig"):
+        train_reinforce(BanditEnv, PPOConfig(total_steps=10), progress=False)
+    with pytest.raises(TypeError, match="total_steps"):         # the old keyword style is refused
+        train_reinforce(BanditEnv, total_steps=10, progress=False)
 
 
 def test_target_return_and_callback_stop_early():
     from rlkit.algos import train_reinforce
-    _, h = train_reinforce(BanditEnv, total_steps=10_000, num_envs=16, lr=0.05, progress=False,
-                           target_return=0.9, target_window=32)
+    _, h = train_reinforce(BanditEnv, ReinforceConfig(total_steps=10_000, num_envs=16, lr=0.05, target_return=0.9,
+                                                      target_window=32), progress=False)
     assert h.steps[-1] < 10_000 and h.mean_return(32) >= 0.9
     calls = []
-    _, h = train_reinforce(BanditEnv, total_steps=10_000, num_envs=4, progress=False,
+    _, h = train_reinforce(BanditEnv, ReinforceConfig(total_steps=10_000, num_envs=4), progress=False,
                            callback=lambda hist: calls.append(len(hist.steps)) or len(hist.steps) >= 3)
     assert len(h.steps) == 3 and calls == [1, 2, 3]
 
@@ -280,7 +283,7 @@ def test_ppo_update_validation():
 
 
 def test_kl_lr_controller_rule():
-    from rlkit.algos import KLLearningRateController
+    from rlkit.controllers import KLLearningRateController
     c = KLLearningRateController(target_kl=0.01, factor=2.0, band=1.5, lr_min=1e-4, lr_max=1.0)
     assert c(0.02, 0.1) == 0.05            # KL above 1.5 x target: halve
     assert c(0.001, 0.1) == 0.2            # below target / 1.5: double
@@ -294,8 +297,8 @@ def test_kl_lr_controller_rule():
 
 def test_train_ppo_history_and_lr_annealing():
     from rlkit.algos import train_ppo
-    model, h = train_ppo("CartPole-v1", total_steps=4 * 32 * 6, num_envs=4, num_steps=32, epochs=2,
-                         progress=False, seed=0)
+    model, h = train_ppo("CartPole-v1", PPOConfig(total_steps=4 * 32 * 6, num_envs=4, num_steps=32, epochs=2, seed=0),
+                         progress=False)
     assert len(h.steps) == 6 and h.steps == [128 * (i + 1) for i in range(6)]
     for k in ("loss", "policy_loss", "value_loss", "entropy", "kl", "approx_kl", "clip_frac", "grad_norm", "lr",
               "epochs_run", "explained_variance"):
@@ -303,14 +306,16 @@ def test_train_ppo_history_and_lr_annealing():
     assert np.allclose(h["lr"], [2e-3 * (1 - 128 * i / 768) for i in range(6)])   # linear to 0
     assert np.allclose(h["clip_eps"], [0.2 * (1 - 128 * i / 768) for i in range(6)])
     assert all(0 <= c <= 1 for c in h["clip_frac"]) and all(k > -1e-6 for k in h["kl"])
-    assert h.config["epochs"] == 2 and h.algo == "ppo-clip"
+    assert h.config["epochs"] == 2 and h.algo == "ppo-clip" and h.config["env_id"] == "CartPole-v1"
+    assert h.config["anneal_lr"] is True and h.config["anneal_clip"] is True      # resolved from None
 
 
 def test_train_ppo_lr_controller_closes_the_loop():
-    from rlkit.algos import KLLearningRateController, train_ppo
+    from rlkit.algos import train_ppo
+    from rlkit.controllers import KLLearningRateController
     ctl = KLLearningRateController(target_kl=0.002, factor=1.5, band=1.5)
-    _, h = train_ppo(ChainEnv, total_steps=4 * 16 * 8, num_envs=4, num_steps=16, lr=1e-2, epochs=4,
-                     lr_controller=ctl, progress=False, seed=0)
+    _, h = train_ppo(ChainEnv, PPOConfig(total_steps=4 * 16 * 8, num_envs=4, num_steps=16, lr=1e-2, epochs=4, seed=0),
+                     lr_controller=ctl, progress=False)
     assert len(ctl.history) == 8
     for i in range(7):                   # next lr = rule(measured kl, current lr)
         kl, lr = h["kl"][i], h["lr"][i]
@@ -318,13 +323,13 @@ def test_train_ppo_lr_controller_closes_the_loop():
         assert h["lr"][i + 1] == pytest.approx(want)
     assert len(set(h["lr"])) > 1
     with pytest.raises(ValueError, match="anneal_lr"):
-        train_ppo(ChainEnv, total_steps=64, anneal_lr=True, lr_controller=ctl, progress=False)
+        train_ppo(ChainEnv, PPOConfig(total_steps=64, anneal_lr=True), lr_controller=ctl, progress=False)
 
 
 def test_train_ppo_penalty_mode_adapts_beta():
     from rlkit.algos import train_ppo
-    _, h = train_ppo(ChainEnv, total_steps=4 * 16 * 8, num_envs=4, num_steps=16, mode="penalty",
-                     kl_coef=1.0, kl_target=0.001, epochs=4, progress=False, seed=0)
+    _, h = train_ppo(ChainEnv, PPOConfig(total_steps=4 * 16 * 8, num_envs=4, num_steps=16, mode="penalty",
+                                         kl_coef=1.0, kl_target=0.001, epochs=4, seed=0), progress=False)
     assert h.algo == "ppo-penalty" and h["kl_coef"][0] == 1.0
     for i in range(7):                   # Schulman's rule, independently
         kl, b = h["kl"][i], h["kl_coef"][i]
@@ -336,8 +341,8 @@ def test_train_ppo_penalty_mode_adapts_beta():
 def test_ppo_learns_chain():
     from rlkit.algos import train_ppo
     L = 4
-    model, h = train_ppo(lambda: ChainEnv(L), total_steps=4 * 16 * 25, num_envs=4, num_steps=16, lr=5e-3,
-                         gamma=0.9, progress=False, seed=0)
+    model, h = train_ppo(lambda: ChainEnv(L), PPOConfig(total_steps=4 * 16 * 25, num_envs=4, num_steps=16, lr=5e-3,
+                                                        gamma=0.9, seed=0), progress=False)
     obs = np.eye(L, dtype=np.float32)[:-1]
     assert (p_right(model, obs) > 0.9).all()
     assert np.mean(h.episode_lengths[-10:]) < 4.0       # optimal: 3 steps
@@ -345,11 +350,15 @@ def test_ppo_learns_chain():
 
 def test_train_ppo_validation():
     from rlkit.algos import train_ppo
-    for kw, match in ((dict(mode="kl"), "mode"), (dict(epochs=0), "epochs"), (dict(clip_eps=0.0), "clip_eps"),
-                      (dict(num_minibatches=10_000), "num_minibatches"), (dict(gae_lambda=-0.1), "gae_lambda"),
-                      (dict(lr_controller=3), "lr_controller")):
-        with pytest.raises((ValueError, TypeError), match=match):
-            train_ppo(ChainEnv, total_steps=64, progress=False, **kw)
+    for kw, match in ((dict(mode="kl"), "PPOConfig.mode"), (dict(epochs=0), "PPOConfig.epochs"),
+                      (dict(clip_eps=0.0), "PPOConfig.clip_eps"), (dict(num_minibatches=10_000), "num_minibatches"),
+                      (dict(gae_lambda=-0.1), "PPOConfig.gae_lambda")):
+        with pytest.raises(ValueError, match=match):
+            PPOConfig(total_steps=64, **kw)
+    with pytest.raises(TypeError, match="lr_controller"):
+        train_ppo(ChainEnv, PPOConfig(total_steps=64), lr_controller=3, progress=False)
+    with pytest.raises(TypeError, match="callback"):
+        train_ppo(ChainEnv, PPOConfig(total_steps=64), callback="stop", progress=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -359,14 +368,14 @@ def test_train_ppo_validation():
 def test_a2c_learns_chain_and_history():
     from rlkit.algos import train_a2c
     L = 4
-    model, h = train_a2c(lambda: ChainEnv(L), total_steps=8 * 5 * 60, num_envs=8, num_steps=5, lr=5e-3,
-                         gamma=0.9, progress=False, seed=0)
+    model, h = train_a2c(lambda: ChainEnv(L), A2CConfig(total_steps=8 * 5 * 60, num_envs=8, num_steps=5, lr=5e-3,
+                                                        gamma=0.9, seed=0), progress=False)
     assert len(h.steps) == 60 and h.steps[-1] == 2400
     assert (p_right(model, np.eye(L, dtype=np.float32)[:-1]) > 0.9).all()
     for k in ("loss", "policy_loss", "value_loss", "entropy", "kl", "grad_norm", "lr", "explained_variance"):
         assert len(h[k]) == 60
-    with pytest.raises(ValueError, match="gae_lambda"):
-        train_a2c(ChainEnv, total_steps=64, gae_lambda=2.0, progress=False)
+    with pytest.raises(ValueError, match="A2CConfig.gae_lambda"):
+        A2CConfig(total_steps=64, gae_lambda=2.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -406,8 +415,61 @@ def test_trpo_step_validation_and_trainer_history():
         trpo_step(model.actor, obs, act, logp_old[:3], adv)
     with pytest.raises(ValueError, match="max_kl"):
         trpo_step(model.actor, obs, act, logp_old, adv, max_kl=0.0)
-    _, h = train_trpo(ChainEnv, total_steps=4 * 32 * 5, num_envs=4, num_steps=32, max_kl=0.02,
-                      progress=False, seed=0)
+    _, h = train_trpo(ChainEnv, TRPOConfig(total_steps=4 * 32 * 5, num_envs=4, num_steps=32, max_kl=0.02, seed=0),
+                      progress=False)
     assert len(h["step_kl"]) == 5 and all(0.0 <= k <= 0.02 for k in h["step_kl"])
     assert np.allclose(h["step_kl"], h["kl"], atol=1e-6)
     assert set(h["accepted"]) <= {0.0, 1.0}
+
+
+# ---------------------------------------------------------------------------------------------
+# reuse_one_batch (chapter 5)
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("clip", [True, False])
+def test_reuse_one_batch_matches_a_hand_written_loop(clip):
+    from rlkit.algos import reuse_one_batch
+    model, (obs, act, logp_old, adv, ret, v_old) = _fixed_batch(seed=2, T=16)
+    a = (adv - adv.mean()) / (adv.std() + 1e-8)
+    before = [p.detach().clone() for p in model.parameters()]
+    rows = reuse_one_batch(model, (obs, act, logp_old, a), epochs=3, clip=clip, lr=1e-2)
+    assert all(torch.equal(p, q) for p, q in zip(before, model.parameters()))     # model left unchanged
+    assert rows.shape == (4, 3)
+    assert abs(rows[0, 0]) < 1e-7 and abs(rows[0, 1] - 1) < 1e-6 and rows[0, 2] == 0
+    # the same three steps by hand: Adam on the (clipped) surrogate written out, norm clip 0.5
+    import copy
+    actor = copy.deepcopy(model.actor)
+    opt = torch.optim.Adam(actor.parameters(), lr=1e-2, eps=1e-5)
+    with torch.no_grad():
+        logits0 = model.actor(obs)
+    for k in range(1, 4):
+        logp = torch.log_softmax(actor(obs), -1).gather(-1, act[:, None]).squeeze(-1)
+        r = torch.exp(logp - logp_old)
+        loss = (-torch.minimum(r * a, r.clamp(0.8, 1.2) * a) if clip else -r * a).mean()
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(actor.parameters(), 0.5)
+        opt.step()
+        with torch.no_grad():
+            logits = actor(obs)
+            w = torch.exp(torch.log_softmax(logits.double(), -1).gather(-1, act[:, None]).squeeze(-1)
+                          - logp_old.double())
+        ess = float(w.sum() ** 2 / (len(w) * (w ** 2).sum()))
+        outside = float(((w - 1).abs() > 0.2).double().mean())
+        assert rows[k, 0] == pytest.approx(_kl_by_hand(logits0, logits), rel=1e-3, abs=1e-7)
+        assert rows[k, 1] == pytest.approx(ess, rel=1e-5)
+        assert rows[k, 2] == pytest.approx(outside, abs=1.5 / len(w))
+    assert rows[-1, 0] > 0
+
+
+def test_reuse_one_batch_validation():
+    from rlkit.algos import reuse_one_batch
+    model, (obs, act, logp_old, adv, ret, v_old) = _fixed_batch(T=8)
+    with pytest.raises(ValueError, match="adv"):
+        reuse_one_batch(model, (obs, act, logp_old, adv[:3]))
+    with pytest.raises(TypeError, match="data"):
+        reuse_one_batch(model, (obs, act, logp_old))
+    with pytest.raises(ValueError, match="epochs"):
+        reuse_one_batch(model, (obs, act, logp_old, adv), epochs=0)
+    with pytest.raises(ValueError, match="empty"):
+        reuse_one_batch(model, (obs[:0], act[:0], logp_old[:0], adv[:0]))

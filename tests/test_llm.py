@@ -13,11 +13,35 @@ import pytest
 import torch
 import torch.nn as nn
 
-from rlkit.llm import (ADDITION, ALGOS, GPT, MULTIPLICATION, CharTokenizer, CheckpointError, GPTConfig,
-                       Problem, RLConfig, Task, TinyGRULM, ValueHead, contains_answer, evaluate, exact_match,
-                       forgot_carry_answer, has_carry, load_checkpoint, load_pretrained, prefix_match, sample,
-                       sampling_logprobs, save_checkpoint, sequence_advantages, steps_to_reach, token_logprobs,
-                       train)
+from rlkit.llm import (
+    ADDITION,
+    ALGOS,
+    GPT,
+    MULTIPLICATION,
+    CharTokenizer,
+    CheckpointError,
+    GPTConfig,
+    Problem,
+    RLConfig,
+    Task,
+    TinyGRULM,
+    ValueHead,
+    contains_answer,
+    evaluate,
+    exact_match,
+    forgot_carry_answer,
+    has_carry,
+    load_checkpoint,
+    load_pretrained,
+    prefix_match,
+    sample,
+    sampling_logprobs,
+    save_checkpoint,
+    sequence_advantages,
+    steps_to_reach,
+    token_logprobs,
+    train,
+)
 from rlkit.llm.checkpoint import CHECKPOINT_DIR, DEFAULT_NAME
 from rlkit.llm.pretrain import CorpusConfig, TrainConfig, encode_corpus, make_corpus, pretrain
 
@@ -309,12 +333,15 @@ def test_checkpoint_round_trip_and_clear_errors(tmp_path, tok, rand_gpt):
     with pytest.raises(CheckpointError, match="weights-only torch file"):
         load_checkpoint(path, check_hash=False)
     path.write_bytes(good_pt)
-    # a config that does not match the tensors
+    # a config that does not match the tensors: its digest catches it, and without the digests the shapes do
     bad = json.loads(good_json)
     bad["model_config"]["n_embd"] = 64
+    bad["n_params"] = GPTConfig(**bad["model_config"]).num_params()
     js.write_text(json.dumps(bad))
-    with pytest.raises(CheckpointError, match="does not match model_config"):
+    with pytest.raises(CheckpointError, match="model_config does not match its recorded SHA-256"):
         load_checkpoint(path)
+    with pytest.raises(CheckpointError, match="does not match model_config"):
+        load_checkpoint(path, check_hash=False)
     bad = json.loads(good_json)
     bad["model_config"]["vocab_size"] = 99
     js.write_text(json.dumps(bad))
@@ -353,13 +380,13 @@ def test_sequence_advantages_hand_worked():
 
 
 def test_gspo_uses_the_length_normalised_sequence_ratio():
-    from rlkit.llm.rl import _policy_loss
+    from rlkit.llm import policy_loss
     cfg = RLConfig(algo="gspo", clip_eps=0.5, clip_eps_high=0.5).resolved()
     old = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
     new = (old + torch.tensor([[0.1, 0.3, 0.0], [-0.2, 0.0, 0.0]])).requires_grad_()
     adv = torch.tensor([[2.0, 2.0, 0.0], [-1.0, 0.0, 0.0]])
-    loss, _ = _policy_loss(cfg, new, old, adv, mask)
+    loss, _ = policy_loss(cfg, new, old, adv, mask)
     s = torch.tensor([math.exp(0.2), math.exp(-0.2)])                 # exp(mean log-ratio) per sequence
     assert torch.isclose(loss, -(s * torch.tensor([2.0, -1.0])).mean(), atol=1e-6)
     loss.backward()                                                   # d/dlogp_t = -A s / |y| / n_seq

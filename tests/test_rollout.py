@@ -1,8 +1,8 @@
 """Tests for rlkit.rollout: gymnasium 1.x autoreset handled correctly (SAME_STEP + final_obs)."""
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-import gymnasium as gym
 from gymnasium.vector import AutoresetMode
 
 from rlkit.returns import from_gymnasium, gae
@@ -173,3 +173,54 @@ def test_cartpole_smoke_and_device():
     # elsewhere next_obs[t] == obs[t+1]
     keep = ~done[:, :-1]
     assert torch.equal(b.next_obs[:, :-1][keep], b.obs[:, 1:][keep])
+
+
+# ---------------------------------------------------------------------------------------------
+# sample_episodes (chapter 2): NEXT_STEP autoreset with the dummy steps masked out
+# ---------------------------------------------------------------------------------------------
+
+def test_sample_episodes_are_complete_cartpole_episodes():
+    """Every episode replays step by step through CartPole's own dynamics (obs IS the state):
+    a dummy autoreset step inside an episode would break the chain."""
+    import gymnasium as gym
+
+    from rlkit.nets import CategoricalPolicy
+    from rlkit.rollout import sample_episodes
+    torch.manual_seed(0)
+    policy = CategoricalPolicy(4, 2, hidden=8)
+    state = torch.get_rng_state()
+    ep = sample_episodes(policy, 10, seed=5, num_envs=4)
+    assert torch.equal(state, torch.get_rng_state())                   # the global RNG is left alone
+    n, L = ep["mask"].shape
+    assert n == 10 and ep["obs"].shape == (10, L, 4) and L == int(ep["lengths"].max())
+    assert torch.equal(ep["lengths"], ep["mask"].sum(1))
+    env = gym.make("CartPole-v1").unwrapped
+    env.reset(seed=0)
+    for j in range(n):
+        m = int(ep["lengths"][j])
+        assert ep["mask"][j, :m].all() and not ep["mask"][j, m:].any()   # real steps first, then padding
+        assert (ep["rewards"][j, :m] == 1).all() and (ep["rewards"][j, m:] == 0).all()
+        done = ep["terminated"][j] | ep["truncated"][j]
+        assert done[m - 1] and not done[:m - 1].any() and not done[m:].any()
+        for t in range(m):                                            # replay the dynamics
+            env.state = ep["obs"][j, t].double().numpy()
+            nxt, _, term, _, _ = env.step(int(ep["actions"][j, t]))
+            if t + 1 < m:
+                assert np.allclose(nxt, ep["obs"][j, t + 1].numpy(), atol=1e-5)
+            assert term == bool(ep["terminated"][j, t])
+    again = sample_episodes(policy, 10, seed=5, num_envs=4)
+    assert all(torch.equal(ep[k], again[k]) for k in ep)              # reproducible
+
+
+def test_sample_episodes_validation():
+    from rlkit.nets import CategoricalPolicy
+    from rlkit.rollout import make_vec_env, sample_episodes
+    policy = CategoricalPolicy(4, 2)
+    with pytest.raises(ValueError, match="n_episodes"):
+        sample_episodes(policy, 0, seed=0)
+    with pytest.raises(TypeError, match="seed"):
+        sample_episodes(policy, 2, seed=1.5)
+    with pytest.raises(TypeError, match="policy"):
+        sample_episodes("pi", 2, seed=0)
+    with pytest.raises(ValueError, match="NEXT_STEP"):                # a SAME_STEP env would be misread
+        sample_episodes(policy, 2, seed=0, num_envs=2, make_env=lambda n: make_vec_env("CartPole-v1", n))

@@ -1,4 +1,5 @@
-"""Pieces every trainer shares: argument checks, seeding, env + network construction, progress bar.
+"""Pieces every trainer shares: the config check, seeding, env + network construction, progress bar,
+the optimiser step.
 
 Kept small and explicit so that each trainer file still reads as one loop from top to bottom.
 """
@@ -6,7 +7,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from tqdm.auto import tqdm
@@ -17,46 +18,39 @@ from ..utils import seed_everything
 from .history import History
 
 
-def check_pos_int(x, name: str) -> int:
-    if isinstance(x, bool) or not isinstance(x, int) or x < 1:
-        raise ValueError(f"{name} must be a positive int, got {x!r}")
-    return x
+def config_of(cfg, cls):
+    """``cfg``, or ``cls()`` when it is None; a config of another class is refused (TypeError), a
+    subclass too (a PPOConfig given to train_a2c would have its PPO fields silently ignored)."""
+    if cfg is None:
+        return cls()
+    if type(cfg) is not cls:
+        raise TypeError(f"cfg must be a {cls.__name__} (rlkit.algos.{cls.__name__}), got {type(cfg).__name__}")
+    return cfg
 
 
-def check_float(x, name: str, lo: float = 0.0, hi: float = math.inf, lo_open: bool = False) -> float:
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
-        raise ValueError(f"{name} must be a finite number, got {x!r}")
-    if x < lo or x > hi or (lo_open and x == lo):
-        br = "(" if lo_open else "["
-        raise ValueError(f"{name} must be in {br}{lo}, {hi}], got {x!r}")
-    return float(x)
-
-
-def setup(env_id, num_envs: int, seed: int, device, hidden, threads: int | None = 1):
-    """Seed everything, build the SAME_STEP vector env, the collector and an ActorCritic."""
-    check_pos_int(num_envs, "num_envs")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
-    seed_everything(seed, threads=threads)
+def setup(env, cfg, device, threads: int | None = 1):
+    """Seed everything, build the SAME_STEP vector env, the collector and an ActorCritic of ``cfg``."""
+    seed_everything(cfg.seed, threads=threads)
     dev = torch.device("cpu") if device is None else torch.device(device)
-    envs = make_vec_env(env_id, num_envs)
-    envs.action_space.seed(seed)
+    envs = make_vec_env(env, cfg.num_envs)
+    envs.action_space.seed(cfg.seed)
     model = ActorCritic(obs_dim_of(envs.single_observation_space), n_actions_of(envs.single_action_space),
-                        hidden=hidden).to(dev)
-    collector = RolloutCollector(envs, seed=seed, device=dev)
+                        hidden=cfg.hidden).to(dev)
+    collector = RolloutCollector(envs, seed=cfg.seed, device=dev)
     return envs, model, collector, dev
 
 
 class Run:
     """Clock, history, progress bar and stopping rule of one training run."""
 
-    def __init__(self, algo: str, config: dict, total_steps: int, progress: bool,
-                 target_return: float | None, target_window: int, callback: Callable | None):
-        self.history = History(algo=algo, config=config)
+    def __init__(self, algo: str, env, cfg, progress: bool, callback: Callable | None, **extra):
+        if callback is not None and not callable(callback):
+            raise TypeError(f"callback must be callable: callback(history) -> bool, got {type(callback).__name__}")
+        self.history = History(algo=algo, config=dict(env_id=str(env), **cfg.to_dict(), **extra))
         self.t0 = time.perf_counter()
-        self.total_steps = total_steps
-        self.target_return, self.target_window, self.callback = target_return, target_window, callback
-        self.bar = tqdm(total=total_steps, desc=algo, unit="step", disable=not progress, leave=True)
+        self.total_steps = cfg.total_steps
+        self.target_return, self.target_window, self.callback = cfg.target_return, cfg.target_window, callback
+        self.bar = tqdm(total=cfg.total_steps, desc=algo, unit="step", disable=not progress, leave=True)
         self._shown = 0
 
     def elapsed(self) -> float:
@@ -99,3 +93,13 @@ def adam(params, lr: float, device: torch.device, eps: float = 1e-8) -> torch.op
 def clip_grad(params, max_norm: float | None) -> float:
     """Clip the global gradient norm to ``max_norm`` (None: no clipping); return the norm BEFORE clipping."""
     return float(torch.nn.utils.clip_grad_norm_(params, math.inf if max_norm is None else max_norm))
+
+
+def step(opt: torch.optim.Optimizer, loss: torch.Tensor, params, max_norm: float | None) -> float:
+    """One optimiser step on ``loss``: zero the gradients, backpropagate, clip the global norm to
+    ``max_norm`` (None: no clipping), step. Returns the gradient norm BEFORE clipping."""
+    opt.zero_grad()
+    loss.backward()
+    gnorm = clip_grad(params, max_norm)
+    opt.step()
+    return gnorm

@@ -15,7 +15,7 @@ One update:
              + c_v \frac{1}{NT}\sum_{i,t}\big(V_\phi(s_t) - \hat R_t\big)^2
              - c_e \frac{1}{NT}\sum_{i,t} \mathcal H[\pi_\theta(\cdot|s_t)],
 
-   with the global gradient norm clipped to ``max_grad_norm``.
+   with the global gradient norm clipped to ``grad_clip``.
 
 ``gae_lambda=1`` gives the n-step Monte Carlo advantage of the original A2C; ``gae_lambda=0`` the
 one-step TD error.  Per-update stats: ``loss``, ``policy_loss``, ``value_loss``, ``entropy``,
@@ -23,76 +23,53 @@ one-step TD error.  Per-update stats: ``loss``, ``policy_loss``, ``value_loss``,
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 from ..divergences import entropy_categorical, kl_categorical
-from ..objectives import normalize_advantages as _normalize, policy_gradient_loss
+from ..objectives import normalize_advantages as _normalize
+from ..objectives import policy_gradient_loss
 from ..returns import from_gymnasium, gae
-from ._common import Run, adam, check_float, check_pos_int, clip_grad, setup
+from ._common import Run, adam, config_of, setup, step
+from .configs import A2CConfig
 
 __all__ = ["train_a2c"]
 
 
-def train_a2c(env_id: str | Callable = "CartPole-v1", total_steps: int = 100_000, num_envs: int = 8,
-              num_steps: int = 5, lr: float = 1e-3, gamma: float = 0.99, gae_lambda: float = 0.95,
-              ent_coef: float = 0.0, vf_coef: float = 0.5, max_grad_norm: float | None = 0.5,
-              normalize_advantages: bool = False, anneal_lr: bool = False,
-              seed: int = 0, device=None, progress: bool = True, hidden: int = 64,
-              target_return: float | None = None, target_window: int = 20,
-              callback: Callable | None = None, threads: int | None = 1):
+def train_a2c(env: str | Callable = "CartPole-v1", cfg: A2CConfig | None = None, *,
+              callback: Callable | None = None, progress: bool = True, device=None, threads: int | None = 1):
     """Train a categorical actor and a value critic with A2C + GAE; returns ``(model, history)``.
 
     Args:
-        num_steps: rollout length T per env per update (batch = num_envs * num_steps transitions).
-        lr: Adam learning rate (one optimiser for actor and critic, separate networks).
-        gamma, gae_lambda: discount and GAE lambda, both in [0, 1].
-        ent_coef, vf_coef: entropy bonus and value-loss weights (>= 0).
-        max_grad_norm: clip of the global gradient norm (None: no clipping).
-        normalize_advantages: standardise advantages over the batch (rlkit.objectives).
-        anneal_lr: decay the learning rate linearly to 0 over ``total_steps``.
-        Other arguments as in :func:`rlkit.algos.train_reinforce`.
+        env: a gymnasium id (Box observations, Discrete actions) or a constructor.
+        cfg: an :class:`rlkit.algos.A2CConfig` (default: ``A2CConfig()``); one Adam optimiser for
+            the actor and the critic (separate networks).
+        callback, progress, device, threads: as in :func:`rlkit.algos.train_reinforce`.
     """
-    check_pos_int(total_steps, "total_steps")
-    check_pos_int(num_steps, "num_steps")
-    check_float(lr, "lr", 0.0, lo_open=True)
-    check_float(gamma, "gamma", 0.0, 1.0)
-    check_float(gae_lambda, "gae_lambda", 0.0, 1.0)
-    check_float(ent_coef, "ent_coef")
-    check_float(vf_coef, "vf_coef")
-    if max_grad_norm is not None:
-        check_float(max_grad_norm, "max_grad_norm", 0.0, lo_open=True)
-    config = dict(env_id=str(env_id), total_steps=total_steps, num_envs=num_envs, num_steps=num_steps, lr=lr,
-                  gamma=gamma, gae_lambda=gae_lambda, ent_coef=ent_coef, vf_coef=vf_coef,
-                  max_grad_norm=max_grad_norm, normalize_advantages=normalize_advantages,
-                  anneal_lr=anneal_lr, seed=seed, hidden=hidden)
-
-    envs, model, collector, dev = setup(env_id, num_envs, seed, device, hidden, threads)
-    opt = adam(list(model.parameters()), lr, dev)
-    run = Run("a2c", config, total_steps, progress, target_return, target_window, callback)
+    cfg = config_of(cfg, A2CConfig)
+    run = Run("a2c", env, cfg, progress, callback)
+    envs, model, collector, dev = setup(env, cfg, device, threads)
+    opt = adam(list(model.parameters()), cfg.lr, dev)
 
     while True:
-        if anneal_lr:
-            opt.param_groups[0]["lr"] = lr * max(0.0, 1.0 - collector.env_steps / total_steps)
+        if cfg.anneal_lr:
+            opt.param_groups[0]["lr"] = cfg.lr * max(0.0, 1.0 - collector.env_steps / cfg.total_steps)
         # 1. rollout [N, T] with V(s_t) and V(true s_{t+1})
-        batch = collector.collect(model.actor.act, num_steps, value_fn=model.critic)
+        batch = collector.collect(model.actor.act, cfg.num_steps, value_fn=model.critic)
 
         # 2. GAE; the trace is cut at every episode end inside the rollout
-        discounts, lam_mask = from_gymnasium(batch.terminated, batch.truncated, gamma)
-        adv, returns = gae(batch.rewards, batch.values, batch.next_values, discounts, gae_lambda * lam_mask)
-        if normalize_advantages:
+        discounts, lam_mask = from_gymnasium(batch.terminated, batch.truncated, cfg.gamma)
+        adv, returns = gae(batch.rewards, batch.values, batch.next_values, discounts, cfg.gae_lambda * lam_mask)
+        if cfg.normalize_advantages:
             adv = _normalize(adv)
 
         # 3. one step on the combined loss
         logp, entropy, v, logits = model.evaluate(batch.obs, batch.actions)
         policy_loss = policy_gradient_loss(logp, adv)           # -mean(logp * A)
         value_loss = ((v - returns) ** 2).mean()
-        loss = policy_loss + vf_coef * value_loss - ent_coef * entropy.mean()
-        opt.zero_grad()
-        loss.backward()
-        gnorm = clip_grad(model.parameters(), max_grad_norm)   # norm before clipping
-        opt.step()
+        loss = policy_loss + cfg.vf_coef * value_loss - cfg.ent_coef * entropy.mean()
+        gnorm = step(opt, loss, model.parameters(), cfg.grad_clip)   # norm before clipping
 
         with torch.no_grad():
             kl = kl_categorical(logits.detach(), model.actor(batch.obs)).mean()

@@ -9,9 +9,9 @@
 * **per completed episode**: ``episode_steps`` (env step count when it finished),
   ``episode_returns`` (undiscounted), ``episode_lengths``, ``episode_wall_time``.
 
-Helpers: :meth:`History.rolling_return` (the curve chapters plot), :meth:`History.steps_to` and
-:meth:`History.time_to` (first point where the mean of the last ``window`` episodes reaches a
-threshold), :meth:`History.to_dict`.
+Helpers: :meth:`~rlkit.algos.History.rolling_return` (the curve chapters plot),
+:meth:`~rlkit.algos.History.steps_to` and :meth:`~rlkit.algos.History.time_to` (first point where
+the mean of the last ``window`` episodes reaches a threshold), :meth:`~rlkit.algos.History.to_dict`.
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ class History:
         for k, v in stats.items():
             lst = self.stats.setdefault(k, [math.nan] * n)
             lst.append(float(v))
-        for k, lst in self.stats.items():
+        for lst in self.stats.values():
             if len(lst) < n + 1:
                 lst.append(math.nan)
 

@@ -22,92 +22,66 @@ History stats per update: ``step_kl`` (the measured mean KL of the ACCEPTED step
 it is ``<= max_kl`` by construction, and chapter 4 asserts so), ``accepted`` (1/0), ``step_frac``
 (the accepted fraction of the full step), ``kl`` (exact KL(pi_old || pi_new) on the batch after the
 update), ``expected_improvement`` and ``improvement`` of the surrogate, ``loss`` (surrogate before),
-``grad_norm`` (|g|), ``entropy``, ``value_loss``, ``lr`` (the critic's).
+``grad_norm`` (:math:`\|g\|`), ``entropy``, ``value_loss``, ``lr`` (the critic's).
 """
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
+from .. import _validate as V
 from ..divergences import entropy_categorical, kl_categorical
 from ..nets import CategoricalPolicy
 from ..objectives import normalize_advantages as _normalize
 from ..returns import from_gymnasium, gae
 from ..trust_region import backtracking_line_search, conjugate_gradient, fisher_vector_product, flat_grad
-from ._common import Run, adam, check_float, check_pos_int, setup
+from ._common import Run, adam, config_of, setup, step
+from .configs import TRPOConfig
 
 __all__ = ["train_trpo", "trpo_step"]
 
 
-def train_trpo(env_id: str | Callable = "CartPole-v1", total_steps: int = 100_000, num_envs: int = 8,
-               num_steps: int = 128, max_kl: float = 0.01, gamma: float = 0.99, gae_lambda: float = 0.95,
-               cg_iters: int = 10, cg_damping: float = 0.1, backtrack_ratio: float = 0.8,
-               max_backtracks: int = 10, accept_ratio: float = 0.1, normalize_advantages: bool = True,
-               value_lr: float = 1e-3, value_epochs: int = 10, value_minibatches: int = 4,
-               seed: int = 0, device=None, progress: bool = True, hidden: int = 64,
-               target_return: float | None = None, target_window: int = 20,
-               callback: Callable | None = None, threads: int | None = 1):
+def train_trpo(env: str | Callable = "CartPole-v1", cfg: TRPOConfig | None = None, *,
+               callback: Callable | None = None, progress: bool = True, device=None, threads: int | None = 1):
     """Train a categorical actor (TRPO step) and a value critic (Adam); returns ``(model, history)``.
 
     Args:
-        num_steps: rollout length per env (batch = num_envs * num_steps).
-        max_kl: the trust-region radius delta on the mean KL(pi_old || pi_new), > 0.
-        gamma, gae_lambda: discount and GAE lambda.
-        cg_iters, cg_damping: conjugate-gradient iterations and Fisher damping.
-        backtrack_ratio, max_backtracks, accept_ratio: the line search (see
-            :func:`rlkit.trust_region.backtracking_line_search`).
-        normalize_advantages: standardise advantages over the batch.
-        value_lr, value_epochs, value_minibatches: the critic's Adam regression per update.
-        Other arguments as in :func:`rlkit.algos.train_reinforce`.
+        env: a gymnasium id (Box observations, Discrete actions) or a constructor.
+        cfg: a :class:`rlkit.algos.TRPOConfig` (default: ``TRPOConfig()``).
+        callback, progress, device, threads: as in :func:`rlkit.algos.train_reinforce`.
     """
-    check_pos_int(total_steps, "total_steps")
-    check_pos_int(num_steps, "num_steps")
-    check_float(max_kl, "max_kl", 0.0, lo_open=True)
-    check_float(gamma, "gamma", 0.0, 1.0)
-    check_float(gae_lambda, "gae_lambda", 0.0, 1.0)
-    check_pos_int(cg_iters, "cg_iters")
-    check_float(cg_damping, "cg_damping")
-    check_float(value_lr, "value_lr", 0.0, lo_open=True)
-    check_pos_int(value_epochs, "value_epochs")
-    check_pos_int(value_minibatches, "value_minibatches")
-    if num_envs * num_steps < value_minibatches:
-        raise ValueError(f"value_minibatches={value_minibatches} exceeds the batch size {num_envs * num_steps}")
-    config = {k: v for k, v in locals().items() if isinstance(v, (int, float, str, bool, type(None)))}
-    config["env_id"] = str(env_id)
-
-    envs, model, collector, dev = setup(env_id, num_envs, seed, device, hidden, threads)
+    cfg = config_of(cfg, TRPOConfig)
+    run = Run("trpo", env, cfg, progress, callback)
+    envs, model, collector, dev = setup(env, cfg, device, threads)
     actor, critic = model.actor, model.critic
-    v_opt = adam(list(critic.parameters()), value_lr, dev, eps=1e-5)
-    run = Run("trpo", config, total_steps, progress, target_return, target_window, callback)
-    B = num_envs * num_steps
+    v_opt = adam(list(critic.parameters()), cfg.value_lr, dev, eps=1e-5)
+    B = cfg.num_envs * cfg.num_steps
 
     while True:
         # 1. rollout and advantages
-        batch = collector.collect(actor.act, num_steps, value_fn=critic)
-        discounts, lam_mask = from_gymnasium(batch.terminated, batch.truncated, gamma)
-        adv, returns = gae(batch.rewards, batch.values, batch.next_values, discounts, gae_lambda * lam_mask)
+        batch = collector.collect(actor.act, cfg.num_steps, value_fn=critic)
+        discounts, lam_mask = from_gymnasium(batch.terminated, batch.truncated, cfg.gamma)
+        adv, returns = gae(batch.rewards, batch.values, batch.next_values, discounts, cfg.gae_lambda * lam_mask)
         obs, actions, logp_old = batch.obs.reshape(B, -1), batch.actions.reshape(-1), batch.logp.reshape(-1)
         adv, returns = adv.reshape(-1), returns.reshape(-1)
-        if normalize_advantages:
+        if cfg.normalize_advantages:
             adv = _normalize(adv)
         # 2-4. the trust-region step on the policy (see trpo_step below)
-        info = trpo_step(actor, obs, actions, logp_old, adv, max_kl=max_kl, cg_iters=cg_iters,
-                         cg_damping=cg_damping, backtrack_ratio=backtrack_ratio, max_backtracks=max_backtracks,
-                         accept_ratio=accept_ratio)
+        info = trpo_step(actor, obs, actions, logp_old, adv, max_kl=cfg.max_kl, cg_iters=cfg.cg_iters,
+                         cg_damping=cfg.cg_damping, backtrack_ratio=cfg.backtrack_ratio,
+                         max_backtracks=cfg.max_backtracks, accept_ratio=cfg.accept_ratio)
 
         # 5. critic regression
-        for _ in range(value_epochs):
+        for _ in range(cfg.value_epochs):
             perm = torch.randperm(B, device=dev)
-            for idx in perm.chunk(value_minibatches):
+            for idx in perm.chunk(cfg.value_minibatches):
                 v_loss = ((critic(obs[idx]) - returns[idx]) ** 2).mean()
-                v_opt.zero_grad()
-                v_loss.backward()
-                v_opt.step()
+                step(v_opt, v_loss, critic.parameters(), None)
 
-        stats = dict(info, value_loss=v_loss.item(), lr=value_lr)
+        stats = dict(info, value_loss=v_loss.item(), lr=cfg.value_lr)
         if run.update(collector, **stats):
             break
 
@@ -126,14 +100,14 @@ def trpo_step(actor: CategoricalPolicy, obs: torch.Tensor, actions: torch.Tensor
     Returns floats: ``loss`` (surrogate -mean(rho A) before the step), ``step_kl`` (measured mean
     KL(pi_old || pi_new) of the accepted step, 0 if rejected), ``accepted`` (1.0 / 0.0),
     ``step_frac``, ``kl`` (the KL after the update, equal to ``step_kl``), ``expected_improvement``,
-    ``improvement``, ``grad_norm`` (|g|), ``entropy`` (of pi_old).  Chapter 4.
+    ``improvement``, ``grad_norm`` (:math:`\|g\|`), ``entropy`` (of pi_old).  Chapter 4.
     """
     B = obs.shape[0]
     for name, x in (("actions", actions), ("logp_old", logp_old), ("adv", adv)):
         if not isinstance(x, torch.Tensor) or x.shape != (B,):
             raise ValueError(f"{name} must be a tensor of shape [{B}] (flat over the batch), got "
                              f"{getattr(x, 'shape', type(x).__name__)}")
-    check_float(max_kl, "max_kl", 0.0, lo_open=True)
+    V.real_in(max_kl, "max_kl", 0.0, lo_open=True)
     params = list(actor.parameters())
     with torch.no_grad():
         logits_old = actor(obs)

@@ -27,8 +27,9 @@ The pieces, top to bottom:
   :func:`sampling_logprobs` is the filtered, renormalised distribution.
 * **Tasks** (:mod:`rlkit.llm.tasks`): :class:`Task`, :class:`Problem`, checkers
   (:func:`exact_match`, the sloppy :func:`prefix_match` and :func:`contains_answer`),
-  :data:`ADDITION` (the corpus forgets 80% of carries) and :data:`MULTIPLICATION` (too hard for
-  the model; its ``"prefix"`` checker is gamed by answering nothing). New task: a function
+  :data:`~rlkit.llm.tasks.ADDITION` (the corpus forgets 80% of carries) and
+  :data:`~rlkit.llm.tasks.MULTIPLICATION` (too hard for the model; its ``"prefix"`` checker is
+  gamed by answering nothing). New task: a function
   ``rng -> Problem`` and ``Task(name, fn)``.
 * **Evaluation** (:mod:`rlkit.llm.evaluation`): :func:`evaluate` (greedy or sampled accuracy).
 * **Checkpoints** (:mod:`rlkit.llm.checkpoint`): :func:`load_pretrained`,
@@ -37,16 +38,30 @@ The pieces, top to bottom:
 * **RL** (:mod:`rlkit.llm.rl`): :class:`RLConfig`, :func:`train` for ``algo`` in
   ``"reinforce", "rloo", "grpo", "dr_grpo", "dapo", "gspo", "ppo"``, a KL term to the reference
   (``kl_coef``, ``kl_estimator`` "k1"/"k3", ``kl_in`` "loss"/"reward"), per-step logs and held-out
-  evaluations in the returned :class:`RLResult`; :class:`ValueHead` is PPO's critic.
+  evaluations in the returned :class:`RLResult`; :class:`ValueHead` is PPO's critic;
+  :func:`policy_loss` is the per-algorithm policy loss that :func:`train` minimises. ``RLConfig`` is
+  frozen and checked field by field when built; ``cfg.replace(steps=50)`` is a checked copy.
 """
 from .checkpoint import CheckpointError, load_checkpoint, load_pretrained, save_checkpoint
 from .evaluation import encode_prompts, evaluate
 from .gru import TinyGRULM
 from .model import GPT, GPTConfig, KVCache
-from .rl import ALGOS, RLConfig, RLResult, ValueHead, collect, sequence_advantages, steps_to_reach, train
+from .rl import ALGOS, RLConfig, RLResult, ValueHead, collect, policy_loss, sequence_advantages, steps_to_reach, train
 from .sampling import Rollout, call_model, sample, sampling_logprobs, token_logprobs
-from .tasks import (ADDITION, MULTIPLICATION, TASKS, Problem, Task, contains_answer, exact_match,
-                    forgot_carry_answer, get_task, has_carry, numeric_close, prefix_match)
+from .tasks import (
+    ADDITION,
+    MULTIPLICATION,
+    TASKS,
+    Problem,
+    Task,
+    contains_answer,
+    exact_match,
+    forgot_carry_answer,
+    get_task,
+    has_carry,
+    numeric_close,
+    prefix_match,
+)
 from .tokenizer import CharTokenizer
 
 __all__ = [
@@ -56,5 +71,6 @@ __all__ = [
     "exact_match", "prefix_match", "contains_answer", "numeric_close", "has_carry", "forgot_carry_answer",
     "evaluate", "encode_prompts",
     "load_pretrained", "load_checkpoint", "save_checkpoint", "CheckpointError",
-    "ALGOS", "RLConfig", "RLResult", "ValueHead", "train", "collect", "sequence_advantages", "steps_to_reach",
+    "ALGOS", "RLConfig", "RLResult", "ValueHead", "train", "collect", "sequence_advantages", "policy_loss",
+    "steps_to_reach",
 ]

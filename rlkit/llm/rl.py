@@ -14,19 +14,26 @@ One step of every trainer:
    no ratio to correct for a policy that moved, so they default to one step per batch; the
    clipped algorithms default to two (the second is slightly off-policy, which the clip handles).
 
-============  =====================================================  ===============================  =========================
-``algo``      advantage of response :math:`i` (token :math:`t`)      policy loss                      aggregation (default)
-============  =====================================================  ===============================  =========================
-reinforce     :math:`R_i - \bar R` (batch-mean baseline)              :func:`policy_gradient_loss`     seq-mean-token-sum-norm
-rloo          :math:`R_i - \frac{1}{G-1}\sum_{j\ne i}R_j`              :func:`policy_gradient_loss`     seq-mean-token-sum-norm
-grpo          :math:`(R_i - \bar R_g)/(\sigma_g + \varepsilon)`       PPO-clip, :math:`\epsilon=0.2`   seq-mean-token-mean
-dr_grpo       :math:`R_i - \bar R_g`                                  PPO-clip                         seq-mean-token-sum-norm
-dapo          as grpo, zero-variance groups resampled                 clip-higher (0.2, 0.28)          token-mean
-gspo          as grpo                                                 PPO-clip on the sequence ratio   one term per sequence
-ppo           GAE over tokens with a learned value, whitened          PPO-clip + value loss            token-mean
-============  =====================================================  ===============================  =========================
+=========  =================================================  ==============================  =======================
+``algo``   advantage of response :math:`i` (token :math:`t`)  policy loss                     aggregation (default)
+=========  =================================================  ==============================  =======================
+reinforce  :math:`R_i - \bar R` (batch-mean baseline)         policy gradient                 seq-mean-token-sum-norm
+rloo       :math:`R_i - \frac{1}{G-1}\sum_{j\ne i}R_j`        policy gradient                 seq-mean-token-sum-norm
+grpo       :math:`(R_i - \bar R_g)/(\sigma_g + \varepsilon)`  PPO-clip, :math:`\epsilon=0.2`  seq-mean-token-mean
+dr_grpo    :math:`R_i - \bar R_g`                             PPO-clip                        seq-mean-token-sum-norm
+dapo       as grpo, zero-variance groups resampled            clip-higher (0.2, 0.28)         token-mean
+gspo       as grpo                                            PPO-clip on the sequence ratio  one term per sequence
+ppo        GAE over tokens with a learned value, whitened     PPO-clip + value loss           token-mean
+=========  =================================================  ==============================  =======================
 
-GSPO's sequence ratio is :math:`s_i = \exp\big(\frac{1}{|y_i|}\sum_t \log\frac{\pi_\theta(y_{i,t})}{\pi_{\text{old}}(y_{i,t})}\big)`,
+The policy gradient is :func:`~rlkit.objectives.policy_gradient_loss`, PPO-clip
+:func:`~rlkit.objectives.ppo_clip_loss`; :func:`~rlkit.llm.policy_loss` picks the one for ``algo``.
+GSPO's sequence ratio is
+
+.. math::
+
+    s_i = \exp\Big(\frac{1}{|y_i|}\sum_t \log\frac{\pi_\theta(y_{i,t})}{\pi_{\text{old}}(y_{i,t})}\Big),
+
 clipped to :math:`[1-3\cdot10^{-4},\, 1+4\cdot10^{-4}]` as in the paper; it is computed here by feeding
 the length-normalised sequence log-probs to :func:`rlkit.objectives.ppo_clip_loss`.
 
@@ -62,16 +69,24 @@ import copy
 import math
 import random
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 import torch
 import torch.nn as nn
 
+from .. import _validate as V
 from ..divergences import kl_k1, kl_k3
-from ..objectives import (AGGREGATIONS, aggregate, grpo_advantages, normalize_advantages,
-                          policy_gradient_loss, ppo_clip_loss, rloo_advantages)
+from ..objectives import (
+    AGGREGATIONS,
+    aggregate,
+    grpo_advantages,
+    normalize_advantages,
+    policy_gradient_loss,
+    ppo_clip_loss,
+    rloo_advantages,
+)
 from ..returns import gae
 from .evaluation import encode_prompts, evaluate
 from .sampling import Rollout, call_model, sample, token_logprobs
@@ -79,8 +94,9 @@ from .tasks import Problem, Task
 from .tokenizer import CharTokenizer
 
 __all__ = ["ALGOS", "RLConfig", "RLResult", "ValueHead", "Batch", "collect", "sequence_advantages",
-           "train", "steps_to_reach"]
+           "policy_loss", "train", "steps_to_reach"]
 
+#: The algorithms :func:`rlkit.llm.train` runs (``RLConfig.algo``), as in the table of the module docstring.
 ALGOS = ("reinforce", "rloo", "grpo", "dr_grpo", "dapo", "gspo", "ppo")
 
 _DEFAULT_AGG = {"reinforce": "seq-mean-token-sum-norm", "rloo": "seq-mean-token-sum-norm",
@@ -89,79 +105,81 @@ _DEFAULT_AGG = {"reinforce": "seq-mean-token-sum-norm", "rloo": "seq-mean-token-
 _DEFAULT_CLIP = {"dapo": (0.2, 0.28), "gspo": (3e-4, 4e-4)}
 
 
-@dataclass
-class RLConfig:
-    """Settings of :func:`train`. ``None`` means "the algorithm's default" (see the module table)."""
+@dataclass(frozen=True)
+class RLConfig(V.ValidatedConfig):
+    """Settings of :func:`train`, checked when built. ``None`` means "the algorithm's default" (see the module table).
 
-    algo: str = "grpo"
-    steps: int = 100
-    prompts_per_step: int = 16
-    group_size: int = 8
-    lr: float = 1e-4                       # Adam; 1e-3 already collapses the tiny model
-    epochs: int = 1
-    minibatches: int | None = None         # reinforce/rloo 1 (on-policy), others 2
-    clip_eps: float | None = None          # grpo/ppo 0.2, dapo 0.2, gspo 3e-4
-    clip_eps_high: float | None = None     # defaults to clip_eps; dapo 0.28, gspo 4e-4
-    aggregation: str | None = None
-    kl_coef: float = 0.0
-    kl_estimator: str = "k3"               # "k1" or "k3"
-    kl_in: str = "loss"                    # "loss" or "reward"
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float | None = None
-    checker: str = "exact"                 # which of the task's checkers gives the reward
-    dynamic_sampling: bool | None = None   # DAPO: resample until groups have reward variance
-    max_sample_rounds: int = 4
+    Every field's type and range is checked on construction, with an error that names the field
+    (``RLConfig.grad_clip must be a finite number in (0.0, inf], got -1.0``), and so are the rules
+    between fields (a group-relative ``algo`` needs ``group_size >= 2``; no more ``minibatches``
+    than ``prompts_per_step``). The object is frozen: ``cfg.replace(lr=3e-4)`` is a checked copy.
+    :meth:`resolved` fills in the ``None`` defaults for ``algo``.
+
+    Ranges: ``steps``, ``prompts_per_step``, ``group_size``, ``epochs``, ``minibatches``,
+    ``max_sample_rounds``, ``eval_every``, ``eval_problems``, ``top_k``: ints ``>= 1``; ``lr``,
+    ``value_lr``, ``temperature``, ``clip_eps_high``, ``grad_clip``: ``> 0``; ``clip_eps`` in
+    ``(0, 1)``; ``top_p`` in ``(0, 1]``; ``kl_coef``, ``value_coef`` ``>= 0``; ``gamma``, ``lam`` in
+    ``[0, 1]``; ``seed >= 0``. ``grad_clip=None`` turns gradient clipping off.
+    """
+
+    algo: str = V.choice_field("grpo", ALGOS)
+    steps: int = V.int_field(100)
+    prompts_per_step: int = V.int_field(16)
+    group_size: int = V.int_field(8)
+    lr: float = V.number_field(1e-4, 0.0, lo_open=True)        # Adam; 1e-3 already collapses the tiny model
+    epochs: int = V.int_field(1)
+    minibatches: int | None = V.int_field(None, optional=True)  # reinforce/rloo 1 (on-policy), others 2
+    clip_eps: float | None = V.number_field(None, 0.0, 1.0, lo_open=True, hi_open=True, optional=True)
+    #                                        grpo/ppo 0.2, dapo 0.2, gspo 3e-4
+    clip_eps_high: float | None = V.number_field(None, 0.0, lo_open=True, optional=True)
+    #                                        defaults to clip_eps; dapo 0.28, gspo 4e-4
+    aggregation: str | None = V.choice_field(None, AGGREGATIONS, optional=True)
+    kl_coef: float = V.number_field(0.0, 0.0)
+    kl_estimator: str = V.choice_field("k3", ("k1", "k3"))
+    kl_in: str = V.choice_field("loss", ("loss", "reward"))
+    temperature: float = V.number_field(1.0, 0.0, lo_open=True)
+    top_k: int | None = V.int_field(None, optional=True)
+    top_p: float | None = V.number_field(None, 0.0, 1.0, lo_open=True, optional=True)
+    checker: str = V.config_field("exact", V.nonempty_str)   # which of the task's checkers gives the reward
+    dynamic_sampling: bool | None = V.bool_field(None, optional=True)   # DAPO: resample until groups vary
+    max_sample_rounds: int = V.int_field(4)
     # PPO
-    gamma: float = 1.0
-    lam: float = 0.95
-    value_lr: float | None = None          # defaults to lr
-    value_coef: float = 1.0
+    gamma: float = V.number_field(1.0, 0.0, 1.0)
+    lam: float = V.number_field(0.95, 0.0, 1.0)
+    value_lr: float | None = V.number_field(None, 0.0, lo_open=True, optional=True)   # defaults to lr
+    value_coef: float = V.number_field(1.0, 0.0)
     # housekeeping
-    grad_clip: float = 1.0
-    eval_every: int = 5
-    eval_problems: int = 256
-    seed: int = 0
+    grad_clip: float | None = V.number_field(1.0, 0.0, lo_open=True, optional=True)
+    eval_every: int = V.int_field(5)
+    eval_problems: int = V.int_field(256)
+    seed: int = V.int_field(0, minimum=0)
 
-    def resolved(self) -> "RLConfig":
-        """A copy with every ``None`` default filled in for ``algo`` (and checked)."""
-        if self.algo not in ALGOS:
-            raise ValueError(f"RLConfig: algo must be one of {ALGOS}, got {self.algo!r}")
-        c = copy.copy(self)
-        lo, hi = _DEFAULT_CLIP.get(c.algo, (0.2, None))
-        if c.clip_eps is None:
-            c.clip_eps = lo
-        else:
-            hi = None                                    # a user-given clip_eps is symmetric by default
-        if c.clip_eps_high is None:
-            c.clip_eps_high = c.clip_eps if hi is None else hi
-        c.aggregation = _DEFAULT_AGG[c.algo] if c.aggregation is None else c.aggregation
-        c.dynamic_sampling = (c.algo == "dapo") if c.dynamic_sampling is None else c.dynamic_sampling
-        c.value_lr = c.lr if c.value_lr is None else c.value_lr
-        if c.minibatches is None:
-            c.minibatches = 1 if c.algo in ("reinforce", "rloo") else 2
-        if c.aggregation not in AGGREGATIONS:
-            raise ValueError(f"RLConfig: aggregation must be one of {AGGREGATIONS}, got {c.aggregation!r}")
-        if c.kl_estimator not in ("k1", "k3"):
-            raise ValueError(f"RLConfig: kl_estimator must be 'k1' or 'k3', got {c.kl_estimator!r}")
-        if c.kl_in not in ("loss", "reward"):
-            raise ValueError(f"RLConfig: kl_in must be 'loss' or 'reward', got {c.kl_in!r}")
-        for name in ("steps", "prompts_per_step", "group_size", "epochs", "minibatches", "eval_every",
-                     "eval_problems", "max_sample_rounds"):
-            v = getattr(c, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"RLConfig: {name} must be an int >= 1, got {v!r}")
-        if c.algo in ("rloo", "grpo", "dr_grpo", "dapo", "gspo") and c.group_size < 2:
-            raise ValueError(f"RLConfig: algo {c.algo!r} compares responses within a group; group_size must be >= 2")
-        if c.minibatches > c.prompts_per_step:
-            raise ValueError(f"RLConfig: minibatches ({c.minibatches}) > prompts_per_step ({c.prompts_per_step})")
-        for name in ("lr", "value_lr", "temperature", "clip_eps", "clip_eps_high"):
-            v = getattr(c, name)
-            if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
-                raise ValueError(f"RLConfig: {name} must be a number > 0, got {v!r}")
-        if not (c.kl_coef >= 0 and 0 <= c.gamma <= 1 and 0 <= c.lam <= 1):
-            raise ValueError("RLConfig: need kl_coef >= 0 and gamma, lam in [0, 1]")
-        return c
+    def __post_init__(self):
+        super().__post_init__()
+        if self.algo in ("rloo", "grpo", "dr_grpo", "dapo", "gspo") and self.group_size < 2:
+            raise ValueError(f"RLConfig.group_size must be >= 2 for algo={self.algo!r}, which compares "
+                             f"responses within a group; got {self.group_size}")
+        mb = self._default_minibatches() if self.minibatches is None else self.minibatches
+        if mb > self.prompts_per_step:
+            raise ValueError(f"RLConfig.minibatches ({mb}{' by default' if self.minibatches is None else ''}) "
+                             f"must not exceed prompts_per_step ({self.prompts_per_step}): a minibatch is "
+                             f"a set of whole groups")
+
+    def _default_minibatches(self) -> int:
+        return 1 if self.algo in ("reinforce", "rloo") else 2
+
+    def resolved(self) -> RLConfig:
+        """A checked copy with every ``None`` default filled in for ``algo``."""
+        lo, hi = _DEFAULT_CLIP.get(self.algo, (0.2, None))
+        if self.clip_eps is not None:
+            lo, hi = self.clip_eps, None                 # a user-given clip_eps is symmetric by default
+        return self.replace(
+            clip_eps=lo,
+            clip_eps_high=(lo if hi is None else hi) if self.clip_eps_high is None else self.clip_eps_high,
+            aggregation=_DEFAULT_AGG[self.algo] if self.aggregation is None else self.aggregation,
+            dynamic_sampling=(self.algo == "dapo") if self.dynamic_sampling is None else self.dynamic_sampling,
+            value_lr=self.lr if self.value_lr is None else self.value_lr,
+            minibatches=self._default_minibatches() if self.minibatches is None else self.minibatches)
 
 
 class ValueHead(nn.Module):
@@ -241,18 +259,22 @@ def _select(ro: Rollout, idx: torch.Tensor) -> Rollout:
 
 @torch.no_grad()
 def collect(model, tok: CharTokenizer, task: Task, cfg: RLConfig, rng: random.Random,
-            generator: torch.Generator, device=None) -> Batch:
-    """Sample ``group_size`` responses to each of ``prompts_per_step`` training prompts and score them.
+            generator: torch.Generator, device=None, prompts: int | None = None) -> Batch:
+    """Sample ``cfg.group_size`` responses to each of ``prompts`` training prompts and score them.
+
+    ``prompts`` defaults to ``cfg.prompts_per_step`` (a stale sampler asks each policy version for
+    its share of the step's prompts).
 
     With ``dynamic_sampling`` (DAPO), groups whose rewards are all equal are dropped and more
     prompts are drawn, up to ``max_sample_rounds`` rounds; the batch may end up smaller.
     Responses are padded to the task's full budget ``task.max_new_tokens``.
     """
     G = cfg.group_size
+    n_prompts = cfg.prompts_per_step if prompts is None else V.positive_int(prompts, "prompts")
     kept_problems, kept_rollouts, kept_rewards, kept_correct, kept_resp = [], [], [], [], []
     zero_share = None
     for _ in range(cfg.max_sample_rounds if cfg.dynamic_sampling else 1):
-        need = cfg.prompts_per_step - len(kept_problems) // G
+        need = n_prompts - len(kept_problems) // G
         if need <= 0:
             break
         probs = task.problems(need, rng, split="train")
@@ -307,25 +329,61 @@ def _kl_estimate(name: str, logp, logp_ref):
     return kl_k1(logp, logp_ref) if name == "k1" else kl_k3(logp, logp_ref)
 
 
-def _policy_loss(cfg: RLConfig, logp, old, adv_tok, mask):
-    """The algorithm's policy loss on a minibatch and its clip fraction.
+def policy_loss(cfg: RLConfig, logp: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor,
+                mask: torch.Tensor) -> tuple[torch.Tensor, float]:
+    r"""The policy loss of ``cfg.algo`` on a minibatch of responses; returns ``(loss, clip_fraction)``.
+
+    All tensors are ``[B, T]`` over response tokens: ``logp`` (differentiable) and ``logp_old`` the
+    log-probs of the sampled tokens under :math:`\pi_\theta` and :math:`\pi_{old}`, ``adv`` the
+    per-token advantages, ``mask`` the real tokens. ``cfg`` must be :meth:`RLConfig.resolved`.
+
+    * ``reinforce``, ``rloo``: :func:`rlkit.objectives.policy_gradient_loss`,
+      :math:`-\mathrm{agg}\big(\log\pi_\theta(y_t)\,\hat A_t\big)` (no ratio, clip fraction 0);
+    * ``gspo``: PPO-clip (:func:`rlkit.objectives.ppo_clip_loss`) of one sequence ratio per response,
+
+      .. math:: s_i = \exp\Big(\frac{1}{|y_i|}\sum_t \big(\log\pi_\theta(y_{i,t}) - \log\pi_{old}(y_{i,t})\big)\Big),
+
+      with the response's advantage :math:`\hat A_i` (``adv[:, 0]``), averaged over the responses;
+    * the others (``grpo``, ``dr_grpo``, ``dapo``, ``ppo``): per-token PPO-clip with
+      ``cfg.clip_eps``/``cfg.clip_eps_high``, aggregated by ``cfg.aggregation``.
 
     Responses are padded to the task's full budget, so ``seq-mean-token-sum-norm`` divides by the
     constant ``max_new_tokens`` (Dr. GRPO), not by the longest response of the batch.
+    Chapter: 07_tiny_llm.
     """
+    if not isinstance(cfg, RLConfig):
+        raise TypeError(f"cfg must be an RLConfig, got {type(cfg).__name__}")
+    if cfg.aggregation is None or cfg.clip_eps is None:
+        raise ValueError("cfg must be resolved (cfg.resolved()): its aggregation and clip_eps are still None")
     if cfg.algo in ("reinforce", "rloo"):
-        return policy_gradient_loss(logp, adv_tok, mask, cfg.aggregation), 0.0
+        return policy_gradient_loss(logp, adv, mask, cfg.aggregation), 0.0
     if cfg.algo == "gspo":
         # length-normalised sequence log-probs -> ratio s_i = exp(mean_t log pi/pi_old)
         n = mask.sum(-1, keepdim=True).clamp_min(1.0)
         seq_new = (logp * mask).sum(-1, keepdim=True) / n
-        seq_old = (old * mask).sum(-1, keepdim=True) / n
-        loss, st = ppo_clip_loss(seq_new, seq_old, adv_tok[:, :1], eps=cfg.clip_eps, eps_high=cfg.clip_eps_high,
+        seq_old = (logp_old * mask).sum(-1, keepdim=True) / n
+        loss, st = ppo_clip_loss(seq_new, seq_old, adv[:, :1], eps=cfg.clip_eps, eps_high=cfg.clip_eps_high,
                                  mask=(n > 0).float(), aggregation="token-mean")
         return loss, st["clip_fraction"].item()
-    loss, st = ppo_clip_loss(logp, old, adv_tok, eps=cfg.clip_eps, eps_high=cfg.clip_eps_high, mask=mask,
+    loss, st = ppo_clip_loss(logp, logp_old, adv, eps=cfg.clip_eps, eps_high=cfg.clip_eps_high, mask=mask,
                              aggregation=cfg.aggregation)
     return loss, st["clip_fraction"].item()
+
+
+def _train_args(tok, task, cfg) -> RLConfig:
+    """Check the arguments every LLM trainer shares; return ``cfg`` (default ``RLConfig()``) resolved."""
+    cfg = RLConfig() if cfg is None else V.instance_of(cfg, "cfg", RLConfig)
+    V.instance_of(task, "task", Task, "rlkit.llm.tasks.Task")
+    V.instance_of(tok, "tok", CharTokenizer)
+    cfg = cfg.resolved()
+    if cfg.checker not in task.checkers:
+        raise ValueError(f"RLConfig.checker {cfg.checker!r} is not one of the task's checkers {list(task.checkers)}")
+    return cfg
+
+
+def _clip_grad(params, grad_clip: float | None) -> float:
+    """Clip the global gradient norm of ``params`` to ``grad_clip`` (None: no clipping); the norm before."""
+    return float(torch.nn.utils.clip_grad_norm_(params, math.inf if grad_clip is None else grad_clip))
 
 
 def train(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig | None = None, *,
@@ -348,17 +406,7 @@ def train(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig | None
 
     Chapter: 07_tiny_llm.
     """
-    if cfg is None:
-        cfg = RLConfig()
-    if not isinstance(cfg, RLConfig):
-        raise TypeError(f"train: cfg must be an RLConfig, got {type(cfg).__name__}")
-    if not isinstance(task, Task):
-        raise TypeError(f"train: task must be a rlkit.llm.tasks.Task, got {type(task).__name__}")
-    if not isinstance(tok, CharTokenizer):
-        raise TypeError(f"train: tok must be a CharTokenizer, got {type(tok).__name__}")
-    cfg = cfg.resolved()
-    if cfg.checker not in task.checkers:
-        raise ValueError(f"train: checker {cfg.checker!r} is not one of the task's {list(task.checkers)}")
+    cfg = _train_args(tok, task, cfg)
     params = list(model.parameters())
     dev = params[0].device
     rng = random.Random(cfg.seed)
@@ -449,20 +497,20 @@ def train(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig | None
                 m = mask[rows]
                 logp, ent = token_logprobs(model, ro.prompt_ids[rows], ro.prompt_mask[rows], ro.response_ids[rows],
                                            m, temperature=cfg.temperature, with_entropy=True)
-                loss, clip = _policy_loss(cfg, logp, old[rows], adv_tok[rows], m)
+                loss, clip = policy_loss(cfg, logp, old[rows], adv_tok[rows], m)
                 if cfg.kl_coef > 0 and cfg.kl_in == "loss":
                     kl_term = _kl_estimate(cfg.kl_estimator, logp, ref[rows])
                     loss = loss + cfg.kl_coef * aggregate(kl_term, m, "token-mean")
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
-                gnorms.append(float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)))
+                gnorms.append(_clip_grad(params, cfg.grad_clip))
                 opt.step()
                 if cfg.algo == "ppo":
                     v = _critic_values(critic, _select(ro, rows))
                     vloss = cfg.value_coef * 0.5 * aggregate((v - returns[rows]) ** 2, m, "token-mean")
                     vopt.zero_grad(set_to_none=True)
                     vloss.backward()
-                    torch.nn.utils.clip_grad_norm_(critic.parameters(), cfg.grad_clip)
+                    _clip_grad(critic.parameters(), cfg.grad_clip)
                     vopt.step()
                 losses.append(loss.item())
                 clips.append(clip)
@@ -508,7 +556,7 @@ def steps_to_reach(evals: dict, threshold: float = 0.9,
                    keys: Sequence[str] = ("greedy_accuracy", "sampled_accuracy")):
     """First evaluation where every one of ``keys`` is >= ``threshold``.
 
-    ``evals`` is :attr:`RLResult.evals`. Returns ``(updates, training_seconds)`` at that
+    ``evals`` is ``RLResult.evals``. Returns ``(updates, training_seconds)`` at that
     evaluation, or ``(None, None)`` if it never happened.
     """
     for i, step in enumerate(evals["step"]):
