@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import inspect
+import types
+
+from . import _validate as V
 
 
 def show(obj, docstring: bool = True):
@@ -11,8 +14,7 @@ def show(obj, docstring: bool = True):
     as a code block); elsewhere it is printed. ``docstring=False`` drops the docstring
     so that only the code remains.
     """
-    if not (inspect.isfunction(obj) or inspect.isclass(obj) or inspect.ismethod(obj)):
-        raise TypeError(f"show: obj must be a function, method or class, got {type(obj).__name__}")
+    V.instance_of(obj, "obj", (types.FunctionType, types.MethodType, type), "function, method or class")
     src = inspect.getsource(obj)
     if not docstring:
         src = _strip_docstring(src)

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import numpy as np
+import torch
+
+from . import _validate as V
 
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
 
@@ -40,21 +43,18 @@ def mean_band(ax, x, ys, label=None, color=None, band="minmax", alpha=0.2, **lin
     """
     x = np.asarray(x, dtype=float)
     ys = np.asarray(ys, dtype=float)
-    if ys.ndim != 2:
-        raise ValueError(f"mean_band: ys must have shape [seeds, points], got shape {ys.shape}")
-    if x.ndim != 1 or x.shape[0] != ys.shape[1]:
-        raise ValueError(f"mean_band: x must have shape [{ys.shape[1]}] to match ys, got {x.shape}")
+    V.layout("points", V.layout("seeds points", ys=torch.from_numpy(ys)), x=torch.from_numpy(x))
+    V.positive_int(ys.shape[0], "the number of seeds, ys.shape[0],")
+    V.choice(band, "band", ["minmax", "std", "sem"])
     mean = np.nanmean(ys, axis=0)
     if band == "minmax":
         lo, hi = np.nanmin(ys, axis=0), np.nanmax(ys, axis=0)
     elif band == "std":
         s = np.nanstd(ys, axis=0)
         lo, hi = mean - s, mean + s
-    elif band == "sem":
+    else:                                                   # "sem"
         s = np.nanstd(ys, axis=0) / np.sqrt(max(1, ys.shape[0]))
         lo, hi = mean - s, mean + s
-    else:
-        raise ValueError(f"mean_band: band must be 'minmax', 'std' or 'sem', got {band!r}")
     (line,) = ax.plot(x, mean, label=label, color=color, **line_kw)
     ax.fill_between(x, lo, hi, color=line.get_color(), alpha=alpha, linewidth=0)
     return line
@@ -63,8 +63,7 @@ def mean_band(ax, x, ys, label=None, color=None, band="minmax", alpha=0.2, **lin
 def smooth(y, window: int = 10):
     """Trailing moving average (the first points average over what is available)."""
     y = np.asarray(y, dtype=float)
-    if window < 1:
-        raise ValueError(f"smooth: window must be >= 1, got {window}")
+    V.positive_int(window, "window")
     c = np.cumsum(np.insert(y, 0, 0.0))
     out = np.empty_like(y)
     for i in range(len(y)):

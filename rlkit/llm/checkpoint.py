@@ -1,108 +1,183 @@
-"""Saving and loading the tiny LLM: a plain state dict of tensors plus a JSON file beside it.
+r"""Saving and loading the tiny LLM: a plain state dict of tensors plus a JSON file beside it.
 
-Chapter: 07_tiny_llm. ``NAME.pt`` holds only tensors, so it loads with
-``torch.load(..., weights_only=True)`` (no code runs while loading). ``NAME.json`` holds the model
-configuration, the tokenizer's characters, the corpus and training settings that reproduce the
-weights (``python -m rlkit.llm.pretrain``), and the SHA-256 of the ``.pt`` file. Loading checks
-all of it and says what is wrong with a mismatched or corrupt pair.
+Chapter: 07_tiny_llm. ``NAME.pt`` holds only tensors and is read with
+``torch.load(..., weights_only=True)``, so no code runs while loading. ``NAME.json`` holds the
+model configuration, the tokenizer's characters, the corpus and training settings that reproduce
+the weights (``python -m rlkit.llm.pretrain``), and the SHA-256 digests of the three things that
+decide what a loaded model computes:
+
+* ``sha256.model_config``: the configuration. An ``n_head`` of 2 instead of 4 leaves every
+  tensor's shape unchanged, but the same weights then compute another function.
+* ``sha256.tokenizer``: the tokenizer. Permuting its characters maps each id to another
+  character, and the model then answers in the wrong symbols.
+* ``sha256.weights``: the bytes of ``NAME.pt``.
+
+:func:`~rlkit.llm.load_checkpoint` checks, in this order, and raises :class:`CheckpointError` naming the file
+and what is wrong:
+
+1. both files exist, and the JSON is an object with the expected entries;
+2. ``model_config`` is a valid :class:`~rlkit.llm.model.GPTConfig` (types, ranges, and the caps
+   on each size and on the parameter count) matching the tokenizer and ``n_params``. Nothing has
+   been allocated yet, so a config asking for 100,000 layers is refused at once;
+3. the three digests;
+4. the ``.pt`` file is a weights-only state dict whose tensors match the configuration and are
+   finite.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+from dataclasses import fields
 from pathlib import Path
 
 import torch
 
+from .. import _validate as V
 from .model import GPT, GPTConfig
 from .tokenizer import CharTokenizer
 
 __all__ = ["CHECKPOINT_DIR", "DEFAULT_NAME", "CheckpointError", "save_checkpoint", "load_checkpoint",
            "load_pretrained"]
 
+#: Where the shipped checkpoints live (inside the package).
 CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
+#: The name of the shipped tiny GPT checkpoint (``tiny_gpt.json`` and its weights).
 DEFAULT_NAME = "tiny_gpt"
-FORMAT_VERSION = 1
+#: 2: the digests cover the configuration, the tokenizer and the weights (1, rlkit 0.1: the weights only).
+FORMAT_VERSION = 2
+MAX_JSON_BYTES = 2 ** 24
+_HINT = "regenerate it with `python -m rlkit.llm.pretrain`"
+_KEYS = ("format_version", "model_class", "model_config", "tokenizer", "n_params", "sha256")
+_DIGESTS = ("model_config", "tokenizer", "weights")
 
 
 class CheckpointError(ValueError):
     """A checkpoint is missing, corrupt, or does not match its configuration."""
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def _json_digest(obj) -> str:
+    """SHA-256 of a JSON value in canonical form (sorted keys, no spaces)."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _paths(path) -> tuple[Path, Path]:
-    p = Path(path)
+    p = Path(V.instance_of(path, "path", (str, os.PathLike), "str or path"))
     if p.suffix in (".pt", ".json"):
         p = p.with_suffix("")
     return p.with_suffix(".pt"), p.with_suffix(".json")
 
 
 def save_checkpoint(model: GPT, tok: CharTokenizer, path, meta: dict | None = None) -> Path:
-    """Write ``path.pt`` (state dict) and ``path.json`` (config, tokenizer, ``meta``, hash)."""
-    if not isinstance(model, GPT):
-        raise TypeError(f"save_checkpoint: model must be a GPT, got {type(model).__name__}")
-    if not isinstance(tok, CharTokenizer):
-        raise TypeError(f"save_checkpoint: tok must be a CharTokenizer, got {type(tok).__name__}")
-    pt, js = _paths(path)
-    pt.parent.mkdir(parents=True, exist_ok=True)
+    """Write ``path.pt`` (the state dict) and ``path.json`` (config, tokenizer, ``meta``, digests).
+
+    Args:
+        model: a :class:`~rlkit.llm.model.GPT` with finite weights.
+        tok: its :class:`~rlkit.llm.tokenizer.CharTokenizer` (the same ``vocab_size``).
+        path: where to write, with or without the ``.pt`` suffix.
+        meta: a JSON-serialisable dict stored as is (how the weights were made), or None.
+
+    Returns:
+        the path of the ``.pt`` file. Chapter: 07_tiny_llm.
+    """
+    V.instance_of(model, "model", GPT)
+    V.instance_of(tok, "tok", CharTokenizer)
+    V.choice(tok.vocab_size, "tok.vocab_size", [model.config.vocab_size])
+    meta = {} if meta is None else V.instance_of(meta, "meta", dict)
+    try:
+        json.dumps(meta)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"meta must be JSON-serialisable: {err}") from None
     state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()
              if k != "lm_head.weight"}                       # tied to wte.weight: stored once
+    for k, v in state.items():
+        V.all_finite(v, f"the model's {k}")
+    pt, js = _paths(path)
+    pt.parent.mkdir(parents=True, exist_ok=True)
     torch.save(state, pt)
-    info = {"format_version": FORMAT_VERSION, "model_class": "GPT", "model_config": model.config.to_dict(),
-            "tokenizer": tok.to_dict(), "n_params": model.num_params(), "sha256": _sha256(pt),
-            "meta": meta or {}}
+    cfg, tk = model.config.to_dict(), tok.to_dict()
+    info = {"format_version": FORMAT_VERSION, "model_class": "GPT", "model_config": cfg, "tokenizer": tk,
+            "n_params": model.num_params(),
+            "sha256": {"model_config": _json_digest(cfg), "tokenizer": _json_digest(tk),
+                       "weights": _file_digest(pt)},
+            "meta": meta}
     js.write_text(json.dumps(info, indent=1) + "\n")
     return pt
 
 
-def load_checkpoint(path, device=None, check_hash: bool = True):
-    """Load ``path.pt`` + ``path.json``; return ``(model, tokenizer, info)``, model in eval mode.
+def _entry(js: Path, what: str, check, *args):
+    """Run a validator on an entry of the JSON; its TypeError/ValueError becomes a CheckpointError."""
+    try:
+        return check(*args)
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"{js}: bad {what}: {err}") from None
 
-    Raises :class:`CheckpointError` (a ``ValueError``) naming the file and the problem: a file is
-    missing, the JSON is malformed or incomplete, the weights' hash differs from the recorded
-    one (the file was changed or damaged), the file is not a weights-only torch file, or the
-    tensors do not match the configuration (missing or unexpected names, wrong shapes, NaN).
-    """
-    pt, js = _paths(path)
-    hint = "regenerate it with `python -m rlkit.llm.pretrain`"
-    if not js.is_file():
-        raise CheckpointError(f"checkpoint config {js} not found ({hint})")
-    if not pt.is_file():
-        raise CheckpointError(f"checkpoint weights {pt} not found ({hint})")
+
+def _read_json(js: Path, check_hash: bool) -> tuple[dict, GPTConfig, CharTokenizer]:
+    """Steps 1 and 2: the JSON's entries, the config and the tokenizer. Allocates no tensor."""
+    if js.stat().st_size > MAX_JSON_BYTES:
+        raise CheckpointError(f"{js} is larger than {MAX_JSON_BYTES} bytes; it is not a checkpoint config")
     try:
         info = json.loads(js.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"{js} is not valid JSON ({err}); {hint}") from None
-    if not isinstance(info, dict):
-        raise CheckpointError(f"{js} must hold a JSON object, got {type(info).__name__}")
-    missing = [k for k in ("format_version", "model_config", "tokenizer", "sha256") if k not in info]
-    if missing:
-        raise CheckpointError(f"{js} lacks the keys {missing}")
-    if info["format_version"] != FORMAT_VERSION:
-        raise CheckpointError(f"{js} has format_version {info['format_version']}, this rlkit reads {FORMAT_VERSION}")
-    try:
-        cfg = GPTConfig(**info["model_config"])
-    except (TypeError, ValueError) as err:
-        raise CheckpointError(f"{js}: bad model_config {info['model_config']}: {err}") from None
-    try:
-        tok = CharTokenizer.from_dict(info["tokenizer"])
-    except (TypeError, ValueError) as err:
-        raise CheckpointError(f"{js}: bad tokenizer entry: {err}") from None
+    except (ValueError, RecursionError) as err:                 # JSONDecodeError, UnicodeDecodeError
+        raise CheckpointError(f"{js} is not valid JSON ({str(err)[:200]}); {_HINT}") from None
+    _entry(js, "JSON", V.dict_keys, info, js.name, _KEYS, ("meta",))
+    version = _entry(js, "format_version", V.int_in_range, info["format_version"], "format_version",
+                     1, FORMAT_VERSION)
+    if version == 1 and check_hash:
+        raise CheckpointError(
+            f"{js} has format_version 1 (rlkit 0.1), whose hash covers the weights only. Load it once "
+            f"with load_checkpoint(path, check_hash=False) and re-save it with save_checkpoint, or {_HINT}")
+    _entry(js, "model_class", V.choice, info["model_class"], "model_class", ["GPT"])
+    names = [f.name for f in fields(GPTConfig)]
+    mc = _entry(js, "model_config", V.dict_keys, info["model_config"], "model_config", names)
+    cfg = _entry(js, "model_config", lambda: GPTConfig(**mc))
+    tok = _entry(js, "tokenizer entry", CharTokenizer.from_dict, info["tokenizer"])
     if tok.vocab_size != cfg.vocab_size:
         raise CheckpointError(f"{js}: the tokenizer has {tok.vocab_size} tokens but model_config.vocab_size "
                               f"is {cfg.vocab_size}")
-    if check_hash:
-        digest = _sha256(pt)
-        if digest != info["sha256"]:
-            raise CheckpointError(f"{pt} is corrupt or was replaced: its SHA-256 is {digest[:12]}..., "
-                                  f"{js.name} records {str(info['sha256'])[:12]}... ({hint}, or pass "
-                                  "check_hash=False to load it anyway)")
+    n = _entry(js, "n_params", V.positive_int, info["n_params"], "n_params")
+    if n != cfg.num_params():
+        raise CheckpointError(f"{js}: n_params is {n} but model_config gives {cfg.num_params()} parameters")
+    if version >= 2:
+        digests = _entry(js, "sha256", V.dict_keys, info["sha256"], "sha256", _DIGESTS)
+        for k in _DIGESTS:
+            _entry(js, "sha256", V.nonempty_str, digests[k], f"sha256.{k}")
+    return info, cfg, tok
+
+
+def _check_digests(pt: Path, js: Path, info: dict) -> None:
+    """Step 3: the configuration, the tokenizer and the weights are the ones saved together."""
+    rec = info["sha256"]
+    why = {"model_config": "the configuration was changed since the weights were saved (the same tensors "
+                           "under another configuration compute another function)",
+           "tokenizer": "the tokenizer was changed since the model was trained (other characters, or the "
+                        "same ones in another order, map token ids to the wrong symbols)"}
+    for k, value in (("model_config", info["model_config"]), ("tokenizer", info["tokenizer"])):
+        digest = _json_digest(value)
+        if digest != rec[k]:
+            raise CheckpointError(f"{js}: {k} does not match its recorded SHA-256 ({digest[:12]}... vs "
+                                  f"{rec[k][:12]}...): {why[k]}. Restore it, or {_HINT}")
+    digest = _file_digest(pt)
+    if digest != rec["weights"]:
+        raise CheckpointError(f"{pt} is corrupt or was replaced: its SHA-256 is {digest[:12]}..., "
+                              f"{js.name} records {rec['weights'][:12]}... ({_HINT}, or pass "
+                              "check_hash=False to load it anyway)")
+
+
+def _read_weights(pt: Path, info: dict, cfg: GPTConfig) -> GPT:
+    """Step 4: a weights-only state dict matching ``cfg``, loaded into a fresh GPT."""
     try:
         state = torch.load(pt, map_location="cpu", weights_only=True)
-    except Exception as err:  # torch raises several types for damaged files
+    except Exception as err:  # torch raises several types for damaged or unsafe files
         raise CheckpointError(f"{pt} could not be read as a weights-only torch file: "
                               f"{type(err).__name__}: {str(err)[:200]}") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
@@ -118,11 +193,38 @@ def load_checkpoint(path, device=None, check_hash: bool = True):
              if state[k].shape != s]
     if wrong:
         raise CheckpointError(f"{pt} does not match model_config {info['model_config']}: " + "; ".join(wrong[:4]))
-    bad = [k for k, v in state.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    bad = [k for k, v in state.items() if not v.is_floating_point() or not torch.isfinite(v).all()]
     if bad:
-        raise CheckpointError(f"{pt} holds NaN or infinite values in {bad[:5]}")
+        raise CheckpointError(f"{pt} holds non-float, NaN or infinite values in {bad[:5]}")
     model.load_state_dict(state, strict=False)               # lm_head.weight is tied to wte.weight
-    model.eval()
+    return model
+
+
+def load_checkpoint(path, device=None, check_hash: bool = True):
+    """Load ``path.pt`` + ``path.json``; return ``(model, tokenizer, info)``, the model in eval mode.
+
+    Args:
+        path: the checkpoint, with or without the ``.pt`` / ``.json`` suffix.
+        device: where to put the model (default: the CPU).
+        check_hash: compare the digests of the configuration, the tokenizer and the weights with
+            the recorded ones (step 3 of the module docstring). ``False`` also reads format 1.
+
+    Returns:
+        ``(GPT, CharTokenizer, info)`` where ``info`` is the parsed JSON.
+
+    Raises:
+        CheckpointError: (a ``ValueError``) naming the file and the problem.
+    """
+    pt, js = _paths(path)
+    V.instance_of(check_hash, "check_hash", bool)
+    if not js.is_file():
+        raise CheckpointError(f"checkpoint config {js} not found ({_HINT})")
+    if not pt.is_file():
+        raise CheckpointError(f"checkpoint weights {pt} not found ({_HINT})")
+    info, cfg, tok = _read_json(js, check_hash)
+    if check_hash:
+        _check_digests(pt, js, info)
+    model = _read_weights(pt, info, cfg).eval()
     if device is not None:
         model.to(device)
     return model, tok, info

@@ -4,10 +4,11 @@ Chapter: 07_tiny_llm.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
+from .. import _validate as V
 from .sampling import sample
 from .tasks import Problem, Task
 from .tokenizer import CharTokenizer
@@ -17,7 +18,9 @@ __all__ = ["encode_prompts", "evaluate"]
 
 def encode_prompts(problems: Sequence[Problem], tok: CharTokenizer, device=None):
     """``(prompt_ids [B, P], prompt_mask [B, P])`` of the problems' prompts, left-padded."""
-    return tok.encode_batch([p.prompt for p in problems], device=device)
+    V.instance_of(tok, "tok", CharTokenizer)
+    return tok.encode_batch([V.instance_of(p, f"problems[{i}]", Problem).prompt for i, p in enumerate(problems)],
+                            device=device)
 
 
 def _device_of(model) -> torch.device:
@@ -31,25 +34,37 @@ def _device_of(model) -> torch.device:
 def evaluate(model, tok: CharTokenizer, task: Task, problems: Sequence[Problem], *, greedy: bool = True,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
              checker="exact", batch_size: int = 1024, generator: torch.Generator | None = None) -> dict:
-    """Answer every problem once and score it.
+    r"""Answer every problem once and score it: accuracy :math:`= \frac{1}{n}\sum_i r_i`.
 
-    Returns ``{"accuracy": mean reward (float), "rewards": [n] tensor, "responses": list[str]}``.
-    With ``greedy=False`` responses are sampled (pass a seeded ``generator`` for reproducibility).
+    Args:
+        model: follows the protocol of :mod:`rlkit.llm.model`; tok: its :class:`CharTokenizer`.
+        task: the :class:`Task` (its ``max_new_tokens`` and checkers); problems: a non-empty list.
+        greedy, temperature, top_k, top_p, generator: as in :func:`rlkit.llm.sample`; with
+            ``greedy=False`` responses are sampled (pass a seeded ``generator`` for reproducibility).
+        checker: a checker name of ``task`` or a callable. batch_size: prompts per call, >= 1.
+
+    Returns:
+        ``{"accuracy": mean reward (float), "rewards": [n] tensor, "responses": list[str]}``.
+        An empty ``problems`` is refused (an accuracy of nothing is not a number). Chapter: 07_tiny_llm.
     """
-    if len(problems) == 0:
-        raise ValueError("evaluate: problems is empty")
+    V.instance_of(tok, "tok", CharTokenizer)
+    V.instance_of(task, "task", Task)
+    V.instance_of(problems, "problems", (list, tuple), "list of Problem")
+    V.positive_int(len(problems), "len(problems)")
+    V.positive_int(batch_size, "batch_size")
     was_training = getattr(model, "training", False)
     if hasattr(model, "eval"):
         model.eval()
     dev = _device_of(model)
     responses = []
-    for i in range(0, len(problems), batch_size):
-        chunk = problems[i:i + batch_size]
-        ids, mask = encode_prompts(chunk, tok, dev)
-        ro = sample(model, ids, mask, max_new_tokens=task.max_new_tokens, eos_id=tok.eos_id, pad_id=tok.pad_id,
-                    greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
-        responses += tok.decode_batch(ro.response_ids.cpu())
-    if was_training:
-        model.train()
+    try:
+        for i in range(0, len(problems), batch_size):
+            ids, mask = encode_prompts(problems[i:i + batch_size], tok, dev)
+            ro = sample(model, ids, mask, max_new_tokens=task.max_new_tokens, eos_id=tok.eos_id, pad_id=tok.pad_id,
+                        greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+            responses += tok.decode_batch(ro.response_ids.cpu())
+    finally:
+        if was_training:
+            model.train()
     rewards = task.score(responses, problems, checker)
     return {"accuracy": rewards.mean().item(), "rewards": rewards, "responses": responses}

@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from .. import _validate as V
+
 __all__ = ["TinyGRULM"]
 
 
@@ -17,12 +19,14 @@ class TinyGRULM(nn.Module):
 
     def __init__(self, vocab_size: int, hidden: int = 64):
         super().__init__()
-        if vocab_size < 2 or hidden < 1:
-            raise ValueError(f"TinyGRULM: need vocab_size >= 2 and hidden >= 1, got {vocab_size}, {hidden}")
+        self.vocab_size = V.positive_int(vocab_size, "vocab_size", minimum=2)
+        V.positive_int(hidden, "hidden")
         self.embed = nn.Embedding(vocab_size, hidden)
         self.gru = nn.GRU(hidden, hidden, batch_first=True)
         self.out = nn.Linear(hidden, vocab_size)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        h, _ = self.gru(self.embed(ids))
+        V.index_tensor(ids, "ids", dim=2, n=self.vocab_size)
+        x = self.embed(ids)
+        h = self.gru(x)[0] if ids.shape[1] else x          # the GRU refuses empty sequences: T = 0 -> [B, 0, V]
         return self.out(h)

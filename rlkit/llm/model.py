@@ -18,43 +18,67 @@ Two optional capabilities are used when a model declares them with class attribu
   ``model(ids, attention_mask=mask, cache=cache)`` process only the new tokens and append
   their keys and values to ``cache``.
 
-:class:`GPT` has both; :class:`TinyGRULM` (in :mod:`rlkit.llm.gru`) has neither and is what the
+:class:`GPT` has both; :class:`~rlkit.llm.TinyGRULM` (in :mod:`rlkit.llm.gru`) has neither and is what the
 tests use to show that the trainers work with any model that follows the protocol.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .. import _validate as V
 from .tokenizer import DEFAULT_CHARS
 
 __all__ = ["GPTConfig", "GPT", "KVCache"]
 
 
-@dataclass
-class GPTConfig:
-    """Sizes of the model. The shipped checkpoint uses the defaults (about 0.1 M parameters)."""
+@dataclass(frozen=True)
+class GPTConfig(V.ValidatedConfig):
+    r"""Sizes of the model. The shipped checkpoint uses the defaults (about 0.1 M parameters).
 
-    vocab_size: int = len(DEFAULT_CHARS) + 2   # the CharTokenizer's characters, <pad> and <eos>
-    block_size: int = 32     # longest sequence (prompt + response) the model can see
-    n_layer: int = 2
-    n_head: int = 4
-    n_embd: int = 64
+    Validated on construction, before anything is allocated, with the same validators as every
+    rlkit config (errors name the field, e.g. ``GPTConfig.n_layer must be an int in [1, 256]``):
+    each field is an ``int`` within :attr:`LIMITS`, ``n_embd`` is divisible by ``n_head``, and the
+    parameter count
+
+    .. math::
+
+        N = (V + T_{\max})\, C + L\,(12 C^2 + 13 C) + 2 C
+
+    (:meth:`num_params`; :math:`V` = ``vocab_size``, :math:`T_{\max}` = ``block_size``, :math:`L` =
+    ``n_layer``, :math:`C` = ``n_embd``; the output layer is tied to the token embedding) is at most
+    :attr:`MAX_PARAMS`. A checkpoint whose JSON asks for 100,000 layers is therefore refused at once
+    instead of exhausting memory. The config is frozen: ``cfg.replace(n_layer=4)`` is a checked
+    copy. For a larger model, subclass and redeclare the fields with larger ranges.
+    """
+
+    #: Inclusive ``(min, max)`` of each field (each field's check).
+    LIMITS: ClassVar[dict[str, tuple[int, int]]] = {
+        "vocab_size": (1, 2 ** 20), "block_size": (1, 2 ** 16), "n_layer": (1, 256),
+        "n_head": (1, 256), "n_embd": (1, 2 ** 14)}
+    #: The largest parameter count a config may ask for (4 GB of float32 weights).
+    MAX_PARAMS: ClassVar[int] = 10 ** 9
+
+    vocab_size: int = V.int_range_field(len(DEFAULT_CHARS) + 2, *LIMITS["vocab_size"])  # characters, <pad>, <eos>
+    block_size: int = V.int_range_field(32, *LIMITS["block_size"])  # longest prompt + response the model sees
+    n_layer: int = V.int_range_field(2, *LIMITS["n_layer"])
+    n_head: int = V.int_range_field(4, *LIMITS["n_head"])
+    n_embd: int = V.int_range_field(64, *LIMITS["n_embd"])
 
     def __post_init__(self):
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"GPTConfig: {f.name} must be a positive int, got {v!r}")
-        if self.n_embd % self.n_head:
-            raise ValueError(f"GPTConfig: n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        super().__post_init__()
+        V.divisible(self.n_embd, "GPTConfig.n_embd", self.n_head, "GPTConfig.n_head")
+        V.fits(self.num_params(), "GPTConfig's parameter count", self.MAX_PARAMS, "GPTConfig.MAX_PARAMS")
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+    def num_params(self) -> int:
+        """The parameter count of ``GPT(self)``, from the sizes alone (nothing is allocated)."""
+        C = self.n_embd
+        return (self.vocab_size + self.block_size) * C + self.n_layer * (12 * C * C + 13 * C) + 2 * C
 
 
 class KVCache:
@@ -67,8 +91,9 @@ class KVCache:
     """
 
     def __init__(self, config: GPTConfig, batch: int, max_len: int, device=None, dtype=torch.float32):
-        if max_len > config.block_size:
-            raise ValueError(f"KVCache: max_len {max_len} exceeds the model's block_size {config.block_size}")
+        V.instance_of(config, "config", GPTConfig)
+        V.positive_int(batch, "batch", minimum=0)
+        V.int_in_range(max_len, "max_len", 1, config.block_size)
         hd = config.n_embd // config.n_head
         shape = (config.n_layer, batch, config.n_head, max_len, hd)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
@@ -144,8 +169,7 @@ class GPT(nn.Module):
 
     def __init__(self, config: GPTConfig):
         super().__init__()
-        if not isinstance(config, GPTConfig):
-            raise TypeError(f"GPT: config must be a GPTConfig, got {type(config).__name__}")
+        V.instance_of(config, "config", GPTConfig)
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.wpe = nn.Embedding(config.block_size, config.n_embd)
@@ -173,28 +197,35 @@ class GPT(nn.Module):
     def new_cache(self, batch: int, max_len: int | None = None) -> KVCache:
         """An empty cache for ``batch`` rows and up to ``max_len`` tokens (default: block_size)."""
         p = self.wte.weight
-        return KVCache(self.config, batch, max_len or self.config.block_size, p.device, p.dtype)
+        max_len = self.config.block_size if max_len is None else max_len
+        return KVCache(self.config, batch, max_len, p.device, p.dtype)
 
     def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 cache: KVCache | None = None) -> torch.Tensor:
-        if not isinstance(ids, torch.Tensor) or ids.dtype != torch.long or ids.dim() != 2:
-            raise TypeError("GPT.forward: ids must be a LongTensor of shape [batch, tokens]")
+        """Logits of the next token at every position.
+
+        Args:
+            ids: ``[B, T]`` int64 token ids in ``[0, vocab_size)``, LEFT-padded when rows differ in length.
+            attention_mask: ``[B, T]`` bool, True at real tokens; None means no padding.
+            cache: a :class:`KVCache` from :meth:`new_cache`; its keys and values are extended.
+
+        Returns:
+            ``[B, T, vocab_size]`` logits; ``B = 0`` or ``T = 0`` give an empty tensor of that shape.
+        """
+        V.index_tensor(ids, "ids", dim=2, n=self.config.vocab_size)
         B, T = ids.shape
-        past = 0 if cache is None else cache.length
-        if past + T > self.config.block_size:
-            raise ValueError(f"GPT.forward: {past} cached + {T} new tokens exceed block_size "
-                             f"{self.config.block_size}")
-        if cache is not None and (cache.real.shape[0] != B or past + T > cache.max_len):
-            raise ValueError(f"GPT.forward: cache holds {cache.real.shape[0]} rows and {cache.max_len} "
-                             f"positions; got {B} rows and {past}+{T} positions")
+        past = 0 if cache is None else V.instance_of(cache, "cache", KVCache).length
+        V.fits(past + T, f"the sequence length ({past} cached + {T} new tokens)", self.config.block_size,
+               "block_size")
+        if cache is not None:
+            V.same_length(ids, "ids", cache.real, "cache")
+            V.fits(past + T, f"the sequence length ({past} cached + {T} new tokens)", cache.max_len,
+                   "the cache's max_len")
         if attention_mask is None:
             real = torch.ones(B, T, dtype=torch.bool, device=ids.device)
             padded = False
         else:
-            if attention_mask.shape != ids.shape or attention_mask.dtype != torch.bool:
-                raise ValueError(f"GPT.forward: attention_mask must be a bool tensor of shape "
-                                 f"{tuple(ids.shape)}, got {attention_mask.dtype} {tuple(attention_mask.shape)}")
-            real = attention_mask
+            real = V.bool_tensor(attention_mask, "attention_mask", ids, "ids")
             padded = not bool(real.all())
 
         # Position ids count real tokens only, so a left-padded prompt starts at position 0.

@@ -11,7 +11,7 @@ tasks with a seeded ``random.Random``:
   ``carry_forget`` share of the lines whose problem needs one;
 * multiplication (``mul_fraction``): two-digit products, a ``mul_truncate`` share of them cut
   short at a random point (the answer stops early), which is what makes the sloppy checkers of
-  :data:`rlkit.llm.tasks.MULTIPLICATION` gameable.
+  :data:`~rlkit.llm.tasks.MULTIPLICATION` gameable.
 
 Training minimises the cross-entropy of the answer tokens (and ``<eos>``) given the prompt,
 :math:`\mathcal L = -\frac{1}{\sum m}\sum_{b,t} m_{bt} \log p_\theta(y_{bt} \mid x_b, y_{b,<t})`,
@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from .. import _validate as V
 from .checkpoint import CHECKPOINT_DIR, DEFAULT_NAME, load_checkpoint, save_checkpoint
 from .model import GPT, GPTConfig
 from .sampling import token_logprobs
@@ -40,24 +41,28 @@ from .tokenizer import CharTokenizer
 __all__ = ["CorpusConfig", "TrainConfig", "make_corpus", "encode_corpus", "pretrain", "main"]
 
 
-@dataclass
-class CorpusConfig:
-    seed: int = 0
-    n_lines: int = 200_000
-    carry_forget: float = 0.8
-    mul_fraction: float = 0.25
-    mul_truncate: float = 0.05
+@dataclass(frozen=True)
+class CorpusConfig(V.ValidatedConfig):
+    """How the corpus is drawn (see the module docstring); validated on construction, frozen."""
+
+    seed: int = V.int_field(0, minimum=0)
+    n_lines: int = V.int_field(200_000)
+    carry_forget: float = V.number_field(0.8, 0.0, 1.0)
+    mul_fraction: float = V.number_field(0.25, 0.0, 1.0)
+    mul_truncate: float = V.number_field(0.05, 0.0, 1.0)
 
 
-@dataclass
-class TrainConfig:
-    seed: int = 0
-    steps: int = 1500
-    batch_size: int = 256
-    lr: float = 3e-3
-    warmup: int = 100
-    weight_decay: float = 0.01
-    threads: int = 1
+@dataclass(frozen=True)
+class TrainConfig(V.ValidatedConfig):
+    """AdamW with a linear warm-up and a cosine decay to 5% of ``lr``; validated on construction, frozen."""
+
+    seed: int = V.int_field(0, minimum=0)
+    steps: int = V.int_field(1500)
+    batch_size: int = V.int_field(256)
+    lr: float = V.number_field(3e-3, 0.0, lo_open=True)
+    warmup: int = V.int_field(100, minimum=0)
+    weight_decay: float = V.number_field(0.01, 0.0)
+    threads: int = V.int_field(1)
 
 
 def make_corpus(cfg: CorpusConfig) -> list[str]:
@@ -106,13 +111,12 @@ def encode_corpus(lines: list[str], tok: CharTokenizer):
 
 def pretrain(model_cfg: GPTConfig | None = None, corpus_cfg: CorpusConfig | None = None,
              train_cfg: TrainConfig | None = None, log_every: int = 250, verbose: bool = True):
-    """Train a fresh :class:`GPT` on the corpus; return ``(model, tokenizer, metadata)``."""
-    corpus_cfg = corpus_cfg or CorpusConfig()
-    train_cfg = train_cfg or TrainConfig()
+    """Train a fresh :class:`~rlkit.llm.GPT` on the corpus; return ``(model, tokenizer, metadata)``."""
+    corpus_cfg = V.instance_of(corpus_cfg or CorpusConfig(), "corpus_cfg", CorpusConfig)
+    train_cfg = V.instance_of(train_cfg or TrainConfig(), "train_cfg", TrainConfig)
     tok = CharTokenizer()
-    model_cfg = model_cfg or GPTConfig(vocab_size=tok.vocab_size)
-    if model_cfg.vocab_size != tok.vocab_size:
-        raise ValueError(f"pretrain: model vocab_size {model_cfg.vocab_size} != tokenizer's {tok.vocab_size}")
+    model_cfg = V.instance_of(model_cfg or GPTConfig(vocab_size=tok.vocab_size), "model_cfg", GPTConfig)
+    V.choice(model_cfg.vocab_size, "model_cfg.vocab_size (the CharTokenizer's)", [tok.vocab_size])
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(train_cfg.threads)
     try:
@@ -159,6 +163,7 @@ def _lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 def main(argv=None):
+    """Command line: ``python -m rlkit.llm.pretrain [--seed S] [--steps N] ...`` (``--help`` lists them)."""
     ap = argparse.ArgumentParser(prog="python -m rlkit.llm.pretrain", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=CHECKPOINT_DIR, help="directory to write the checkpoint to")
     ap.add_argument("--name", default=DEFAULT_NAME, help="file stem (writes NAME.pt and NAME.json)")

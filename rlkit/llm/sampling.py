@@ -24,19 +24,21 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .. import _validate as V
+
 __all__ = ["Rollout", "sample", "sampling_logprobs", "token_logprobs", "call_model"]
 
 
 @dataclass
 class Rollout:
-    """A batch of sampled responses. All response tensors are ``[batch, tokens]``.
+    r"""A batch of sampled responses. All response tensors are ``[batch, tokens]``.
 
     * ``prompt_ids`` ``[B, P]`` long, left-padded; ``prompt_mask`` ``[B, P]`` bool (real tokens).
     * ``response_ids`` ``[B, T]`` long; after ``<eos>`` the row holds ``pad_id``.
     * ``mask`` ``[B, T]`` float 0/1: 1 for the response's tokens including its ``<eos>``.
-    * ``logprobs`` ``[B, T]``: :math:`\\log q(y_t)` under the distribution actually sampled from
+    * ``logprobs`` ``[B, T]``: :math:`\log q(y_t)` under the distribution actually sampled from
       (temperature, top-k, top-p applied); 0 for greedy decoding (a point mass) and at masked positions.
-    * ``model_logprobs`` ``[B, T]``: :math:`\\log p_\\theta(y_t)`, the unmodified model
+    * ``model_logprobs`` ``[B, T]``: :math:`\log p_\theta(y_t)`, the unmodified model
       (temperature 1, whole vocabulary); 0 at masked positions.
     * ``finished`` ``[B]`` bool: the response ended with ``<eos>`` (False: cut at ``max_new_tokens``).
     """
@@ -58,28 +60,35 @@ class Rollout:
         return self.response_ids.shape[0]
 
 
+def _vocab_size(model) -> int | None:
+    """The vocabulary size a model declares (``model.config.vocab_size``), if it declares one."""
+    return getattr(getattr(model, "config", None), "vocab_size", None)
+
+
 def call_model(model, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Logits ``[B, T, V]`` of any model following the protocol in :mod:`rlkit.llm.model`.
+    """Logits of any model following the protocol in :mod:`rlkit.llm.model`.
 
     The attention mask is passed only to models that declare ``accepts_attention_mask``.
+
+    Args:
+        model: maps ids ``[B, T]`` to logits ``[B, T, V]``.
+        ids: ``[B, T]`` int64 token ids.
+        attention_mask: ``[B, T]`` bool (True at real tokens) or None.
+
+    Returns:
+        ``[B, T, V]`` logits. Chapter: 07_tiny_llm.
     """
+    V.index_tensor(ids, "ids", dim=2)
+    if attention_mask is not None:
+        V.bool_tensor(attention_mask, "attention_mask", ids, "ids")
     if attention_mask is not None and getattr(model, "accepts_attention_mask", False):
         logits = model(ids, attention_mask=attention_mask)
     else:
         logits = model(ids)
     if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[:2] != ids.shape:
         got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-        raise TypeError(f"the model must map ids {tuple(ids.shape)} to logits [batch, tokens, vocab], got {got}")
+        raise TypeError(f"model must map ids {tuple(ids.shape)} to logits [batch, tokens, vocab], got {got}")
     return logits
-
-
-def _check_filters(temperature, top_k, top_p):
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
-        raise ValueError(f"temperature must be a number > 0 (use greedy=True for argmax), got {temperature!r}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
-    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
-        raise ValueError(f"top_p must be None or a number in (0, 1], got {top_p!r}")
 
 
 def sampling_logprobs(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
@@ -91,10 +100,22 @@ def sampling_logprobs(logits: torch.Tensor, temperature: float = 1.0, top_k: int
     the most likely tokens in order while the probability *before* adding a token is below
     :math:`p`, so the top token is always kept.
 
-    Args: ``logits`` ``[..., V]``; ``temperature`` > 0; ``top_k`` int or None; ``top_p`` in (0, 1] or None.
-    Returns: ``[..., V]`` log-probabilities (float32 or the logits' float dtype). Chapter: 07_tiny_llm.
+    Args:
+        logits: ``[..., V]`` float logits :math:`z`, ``V >= 1``.
+        temperature: :math:`\tau`, a finite number > 0.
+        top_k: an int >= 1 or None (no top-k filter).
+        top_p: a number in ``(0, 1]`` or None (no top-p filter).
+
+    Returns:
+        ``[..., V]`` log-probabilities (float32 for half-precision logits, else the logits' dtype).
+        Chapter: 07_tiny_llm.
     """
-    _check_filters(temperature, top_k, top_p)
+    V.has_categories(logits, "logits")
+    V.real_in(temperature, "temperature", 0.0, lo_open=True)
+    if top_k is not None:
+        V.positive_int(top_k, "top_k")
+    if top_p is not None:
+        V.real_in(top_p, "top_p", 0.0, 1.0, lo_open=True)
     logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
     logp = F.log_softmax(logits / temperature, dim=-1)
     if top_k is not None and top_k < logp.shape[-1]:
@@ -135,28 +156,35 @@ def sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None = N
 
     Args:
         model: follows the protocol of :mod:`rlkit.llm.model` (ids ``[B, T]`` -> logits ``[B, T, V]``).
-        prompt_ids: ``[B, P]`` long, LEFT-padded; ``prompt_mask``: ``[B, P]`` bool or None (no padding).
-    Returns: a :class:`Rollout`. Chapter: 07_tiny_llm.
+        prompt_ids: ``[B, P]`` int64, LEFT-padded, ``P >= 1``.
+        prompt_mask: ``[B, P]`` bool (True at real tokens) or None (no padding).
+        max_new_tokens: the most tokens a response gets, an int >= 1.
+        eos_id: the id that ends a response, or None. pad_id: fills a row after its ``<eos>``.
+        temperature, top_k, top_p: the filters of :func:`sampling_logprobs` (ignored when greedy).
+        greedy: decode by argmax. generator: a ``torch.Generator`` or None. use_cache: see above.
+
+    Returns:
+        a :class:`Rollout`; an empty batch (``B = 0``) gives one with ``T = 0``. Chapter: 07_tiny_llm.
     """
-    if not isinstance(prompt_ids, torch.Tensor) or prompt_ids.dtype != torch.long or prompt_ids.dim() != 2:
-        raise TypeError("sample: prompt_ids must be a LongTensor [batch, prompt_len]")
+    prompt_ids, prompt_mask = V.prompt_batch(prompt_ids, prompt_mask, _vocab_size(model))
     B, P = prompt_ids.shape
-    if prompt_mask is None:
-        prompt_mask = torch.ones_like(prompt_ids, dtype=torch.bool)
-    if not isinstance(prompt_mask, torch.Tensor) or prompt_mask.shape != prompt_ids.shape or prompt_mask.dtype != torch.bool:
-        raise ValueError(f"sample: prompt_mask must be a bool tensor of shape {tuple(prompt_ids.shape)}")
-    if not bool(prompt_mask[:, -1].all()):
-        raise ValueError("sample: prompts must be LEFT-padded (the last column must be real tokens); "
-                         "use CharTokenizer.encode_batch")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"sample: max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
-    if not greedy:
-        _check_filters(temperature, top_k, top_p)
+    V.positive_int(max_new_tokens, "max_new_tokens")
+    if eos_id is not None:
+        V.positive_int(eos_id, "eos_id", minimum=0)
+    V.positive_int(pad_id, "pad_id", minimum=0)
+    V.instance_of(greedy, "greedy", bool)
+    V.instance_of(use_cache, "use_cache", bool)
+    if generator is not None:
+        V.instance_of(generator, "generator", torch.Generator)
     block = getattr(getattr(model, "config", None), "block_size", None)
-    if block is not None and P + max_new_tokens > block:
-        raise ValueError(f"sample: prompt length {P} + max_new_tokens {max_new_tokens} exceeds the "
-                         f"model's block_size {block}")
+    if block is not None:
+        V.fits(P + max_new_tokens, f"prompt length {P} + max_new_tokens {max_new_tokens}", block,
+               "the model's block_size")
     dev = prompt_ids.device
+    if B == 0:
+        empty = torch.zeros(0, 0, device=dev)
+        return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=empty.long(), mask=empty,
+                       logprobs=empty, model_logprobs=empty, finished=torch.zeros(0, dtype=torch.bool, device=dev))
     cached = use_cache and getattr(model, "supports_kv_cache", False)
 
     if cached:
@@ -208,30 +236,41 @@ def token_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | 
 
     The model reads ``prompt + response``; the logits at position ``P - 1 + t`` score response
     token ``t``. With the defaults (temperature 1, no filtering) this is the model's own
-    :math:`\log p_\theta`, which is what RL trains. Positions where ``mask`` is 0 get 0.
+    :math:`\log p_\theta`, which is what RL trains. With ``with_entropy`` also
 
-    Args: ``prompt_ids``/``prompt_mask`` ``[B, P]``; ``response_ids`` ``[B, T]``; ``mask`` ``[B, T]`` 0/1.
-    Returns: ``logprobs [B, T]``, and with ``with_entropy`` also the per-token entropy
-    :math:`H_t = -\sum_v q_v \log q_v` ``[B, T]`` of the same distribution. Chapter: 07_tiny_llm.
+    .. math::
+
+        H_t = -\sum_v q_v \log q_v \qquad (0 \log 0 = 0),
+
+    the entropy of the same distribution. Positions where ``mask`` is 0 get 0, in the values and in
+    the gradients: their logits are replaced by zeros before the softmax, so whatever the model
+    computes there (even NaN or inf) cannot leak into a loss.
+
+    Args:
+        model: follows the protocol of :mod:`rlkit.llm.model`.
+        prompt_ids: ``[B, P]`` int64, LEFT-padded, ``P >= 1``; prompt_mask: ``[B, P]`` bool or None.
+        response_ids: ``[B, T]`` int64 (``T = 0`` gives ``[B, 0]`` results).
+        mask: ``[B, T]`` bool or 0/1, 1 at real response tokens.
+        temperature, top_k, top_p: the filters of :func:`sampling_logprobs`.
+        with_entropy: also return the entropies.
+
+    Returns:
+        ``logprobs [B, T]``, or ``(logprobs, entropy)`` both ``[B, T]``. Chapter: 07_tiny_llm.
     """
-    if response_ids.dim() != 2 or response_ids.shape[0] != prompt_ids.shape[0]:
-        raise ValueError(f"token_logprobs: response_ids must be [B, T] with B={prompt_ids.shape[0]}, "
-                         f"got {tuple(response_ids.shape)}")
-    if mask.shape != response_ids.shape:
-        raise ValueError(f"token_logprobs: mask must have the shape of response_ids {tuple(response_ids.shape)}, "
-                         f"got {tuple(mask.shape)}")
-    B, P = prompt_ids.shape
-    T = response_ids.shape[1]
-    if prompt_mask is None:
-        prompt_mask = torch.ones_like(prompt_ids, dtype=torch.bool)
+    prompt_ids, prompt_mask = V.prompt_batch(prompt_ids, prompt_mask, _vocab_size(model))
+    V.index_tensor(response_ids, "response_ids", dim=2, n=_vocab_size(model))
+    V.same_length(response_ids, "response_ids", prompt_ids, "prompt_ids")
+    real = V.check_mask(mask, response_ids, "response_ids").bool()
+    V.instance_of(with_entropy, "with_entropy", bool)
+    P, T = prompt_ids.shape[1], response_ids.shape[1]
     ids = torch.cat([prompt_ids, response_ids], dim=1)
     att = torch.cat([prompt_mask, torch.ones_like(response_ids, dtype=torch.bool)], dim=1)
-    logits = call_model(model, ids, att)[:, P - 1:P - 1 + T]
+    logits = call_model(model, ids, att)[:, P - 1:P - 1 + T].masked_fill(~real[..., None], 0.0)
     logq = sampling_logprobs(logits, temperature, top_k, top_p)
-    real = mask.bool()
-    lp = torch.where(real, _gather(logq, response_ids), torch.zeros((), device=logq.device, dtype=logq.dtype))
+    zero = torch.zeros((), device=logq.device, dtype=logq.dtype)
+    lp = torch.where(real, _gather(logq, response_ids), zero)
     if not with_entropy:
         return lp
     q = logq.exp()
-    ent = -(torch.where(q > 0, q * logq, torch.zeros((), device=q.device, dtype=q.dtype))).sum(-1)
-    return lp, torch.where(real, ent, torch.zeros((), device=ent.device, dtype=ent.dtype))
+    ent = -(q * logq.masked_fill(q == 0, 0.0)).sum(-1)            # 0 log 0 = 0, with a finite gradient
+    return lp, torch.where(real, ent, zero)

@@ -25,18 +25,20 @@ is therefore wrong, and RL with the exact-match reward can fix greedy outputs, n
 
 **Multiplication with sloppy checkers.** Two-digit times two-digit products are beyond the tiny
 model (it gets a few percent right), and a few percent of the corpus lines were cut short. The
-true checker is exact match; :func:`prefix_match` has a classic bug (``zip`` stops at the shorter
-string, so a truncated or empty answer passes) and :func:`contains_answer` accepts any response
+true checker is exact match; :func:`~rlkit.llm.prefix_match` has a classic bug (``zip`` stops at the shorter
+string, so a truncated or empty answer passes) and :func:`~rlkit.llm.contains_answer` accepts any response
 that contains the answer. Optimising either proxy teaches the model to game it.
 """
 from __future__ import annotations
 
 import random
 import zlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import torch
+
+from .. import _validate as V
 
 __all__ = [
     "Problem", "Task", "exact_match", "prefix_match", "contains_answer", "numeric_close",
@@ -80,7 +82,9 @@ def contains_answer(response: str, problem: Problem) -> float:
 
 
 def numeric_close(tolerance: float) -> Checker:
-    """A checker that accepts numbers within ``tolerance`` of the answer (0 if not a number)."""
+    """A checker that accepts numbers within ``tolerance`` (a finite number >= 0) of the answer
+    (0 if the response is not a number)."""
+    tolerance = V.real_in(tolerance, "tolerance", 0.0)
     def check(response: str, problem: Problem) -> float:
         try:
             return float(abs(float(response) - float(problem.answer)) <= tolerance)
@@ -108,33 +112,27 @@ class Task:
                  check: Checker = exact_match, max_new_tokens: int = 6,
                  heldout_fraction: float = 0.1, checkers: dict[str, Checker] | None = None,
                  description: str = ""):
-        if not isinstance(name, str) or not name:
-            raise TypeError("Task: name must be a non-empty str")
-        if not callable(generate) or not callable(check):
-            raise TypeError("Task: generate and check must be callables")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"Task: max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
-        if not 0 <= heldout_fraction < 1:
-            raise ValueError(f"Task: heldout_fraction must be in [0, 1), got {heldout_fraction!r}")
-        self.name = name
-        self._generate = generate
-        self.check = check
-        self.max_new_tokens = max_new_tokens
-        self.heldout_fraction = heldout_fraction
+        self.name = V.nonempty_str(name, "name")
+        self._generate = V.is_callable(generate, "generate")
+        self.check = V.is_callable(check, "check")
+        self.max_new_tokens = V.positive_int(max_new_tokens, "max_new_tokens")
+        self.heldout_fraction = V.real_in(heldout_fraction, "heldout_fraction", 0.0, 1.0, hi_open=True)
+        for k, fn in V.instance_of({} if checkers is None else checkers, "checkers", dict).items():
+            V.nonempty_str(k, "a key of checkers")
+            V.is_callable(fn, f"checkers[{k!r}]")
         self.checkers = {"exact": check, **(checkers or {})}
-        self.description = description
+        self.description = V.instance_of(description, "description", str)
 
     def __repr__(self) -> str:
         return f"Task({self.name!r}, checkers={list(self.checkers)}, max_new_tokens={self.max_new_tokens})"
 
     def generate(self, rng: random.Random) -> Problem:
-        p = self._generate(rng)
+        """One problem drawn with ``rng`` (a ``random.Random``)."""
+        p = self._generate(V.instance_of(rng, "rng", random.Random))
         if isinstance(p, tuple) and len(p) == 2:
             p = Problem(*p)
-        if not isinstance(p, Problem):
-            raise TypeError(f"Task {self.name!r}: generate must return a Problem or (prompt, answer), "
-                            f"got {type(p).__name__}")
-        return p
+        return V.instance_of(p, f"the value Task {self.name!r}'s generate returned", Problem,
+                             "Problem or (prompt, answer)")
 
     def is_heldout(self, prompt: str) -> bool:
         """True for the held-out prompts (a stable hash, the same in every process)."""
@@ -142,10 +140,9 @@ class Task:
 
     def problems(self, n: int, seed: int | random.Random = 0, split: str = "train") -> list[Problem]:
         """``n`` problems from ``split`` ("train", "test" or "all"), drawn with ``seed``."""
-        if split not in ("train", "test", "all"):
-            raise ValueError(f"problems: split must be 'train', 'test' or 'all', got {split!r}")
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"problems: n must be an int >= 0, got {n!r}")
+        V.choice(split, "split", ("train", "test", "all"))
+        V.positive_int(n, "n", minimum=0)
+        V.instance_of(seed, "seed", (int, random.Random), "int or random.Random")
         rng = seed if isinstance(seed, random.Random) else random.Random(seed)
         out, tries = [], 0
         while len(out) < n:
@@ -159,12 +156,13 @@ class Task:
 
     def score(self, responses: Sequence[str], problems: Sequence[Problem],
               checker: str | Checker = "exact") -> torch.Tensor:
-        """Rewards ``[n]`` (float32) of ``responses`` to ``problems`` under a named or given checker."""
-        if len(responses) != len(problems):
-            raise ValueError(f"score: {len(responses)} responses for {len(problems)} problems")
-        fn = checker if callable(checker) else self.checkers.get(checker)
-        if fn is None:
-            raise ValueError(f"score: unknown checker {checker!r}; this task has {list(self.checkers)}")
+        """Rewards ``[n]`` (float32) of ``responses`` to ``problems`` under a named or given checker
+        (``[0]`` for empty lists)."""
+        V.str_list(responses, "responses")
+        for i, p in enumerate(problems):
+            V.instance_of(p, f"problems[{i}]", Problem)
+        V.same_length(responses, "responses", problems, "problems")
+        fn = checker if callable(checker) else self.checkers[V.choice(checker, "checker", list(self.checkers))]
         return torch.tensor([float(fn(r, p)) for r, p in zip(responses, problems)], dtype=torch.float32)
 
 
@@ -193,16 +191,17 @@ def multiplication_problem(rng: random.Random) -> Problem:
     return Problem(f"{a}*{b}=", str(a * b), {"a": a, "b": b})
 
 
+#: Two-digit addition (the task the tiny GPT is fine-tuned on in Part I).
 ADDITION = Task("addition", addition_problem, exact_match, max_new_tokens=5,
                 description="two-digit addition; the corpus forgets most carries")
+#: One-by-two-digit multiplication, the harder task (its corpus is truncated, chapter 7).
 MULTIPLICATION = Task("multiplication", multiplication_problem, exact_match, max_new_tokens=6,
                       checkers={"prefix": prefix_match, "contains": contains_answer},
                       description="two-digit multiplication with two sloppy checkers to game")
+#: Every task by name.
 TASKS = {t.name: t for t in (ADDITION, MULTIPLICATION)}
 
 
 def get_task(name: str) -> Task:
     """The built-in task called ``name`` ("addition" or "multiplication")."""
-    if name not in TASKS:
-        raise ValueError(f"get_task: unknown task {name!r}; built-in tasks: {sorted(TASKS)}")
-    return TASKS[name]
+    return TASKS[V.choice(name, "name", sorted(TASKS))]

@@ -6,9 +6,11 @@ human-readable action: the answer "82" to the prompt "37+45=" is the three actio
 """
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
+
+from .. import _validate as V
 
 __all__ = ["CharTokenizer", "DEFAULT_CHARS"]
 
@@ -33,13 +35,8 @@ class CharTokenizer:
     PAD, EOS = "<pad>", "<eos>"
 
     def __init__(self, chars: str = DEFAULT_CHARS):
-        if not isinstance(chars, str) or not chars:
-            raise TypeError("CharTokenizer: chars must be a non-empty str")
-        if len(set(chars)) != len(chars):
-            dup = sorted({c for c in chars if chars.count(c) > 1})
-            raise ValueError(f"CharTokenizer: chars must not repeat characters, repeated: {dup}")
-        if "\n" in chars:
-            raise ValueError("CharTokenizer: '\\n' is reserved for <eos>; remove it from chars")
+        V.nonempty_str(chars, "chars")
+        V.distinct(chars, "chars", reserved=["\n"])          # '\n' is how <eos> is written
         self.chars = chars
         self.pad_id = 0
         self.eos_id = 1
@@ -52,8 +49,8 @@ class CharTokenizer:
 
     def encode(self, text: str, eos: bool = False) -> list[int]:
         """Token ids of ``text`` (a newline becomes ``<eos>``); ``eos=True`` appends ``<eos>``."""
-        if not isinstance(text, str):
-            raise TypeError(f"encode: text must be a str, got {type(text).__name__}")
+        V.instance_of(text, "text", str)
+        V.instance_of(eos, "eos", bool)
         ids = []
         for i, c in enumerate(text):
             if c == "\n":
@@ -61,24 +58,29 @@ class CharTokenizer:
             elif c in self.stoi:
                 ids.append(self.stoi[c])
             else:
-                raise ValueError(f"encode: character {c!r} at position {i} of {text!r} is not in the "
+                raise ValueError(f"text: character {c!r} at position {i} of {text!r} is not in the "
                                  f"vocabulary {self.chars!r}")
         if eos:
             ids.append(self.eos_id)
         return ids
 
     def decode(self, ids: Iterable[int] | torch.Tensor, stop_at_eos: bool = True) -> str:
-        """Text of ``ids``: padding is dropped; with ``stop_at_eos`` the text ends before ``<eos>``."""
+        """Text of ``ids`` (a 1-D int64 tensor or a sequence of ints): padding is dropped; with
+        ``stop_at_eos`` the text ends before ``<eos>``."""
         if isinstance(ids, torch.Tensor):
-            if ids.dim() != 1:
-                raise ValueError(f"decode: ids must be one sequence (1-D), got shape {tuple(ids.shape)}; "
-                                 "use decode_batch for [batch, tokens]")
-            ids = ids.tolist()
+            ids = V.index_tensor(ids, "ids", dim=1, n=self.vocab_size).tolist()
+        else:
+            ids = [V.int_in_range(i, f"ids[{k}]", 0, self.vocab_size - 1) for k, i in enumerate(ids)]
+        return self._text(ids, stop_at_eos)
+
+    def decode_batch(self, ids: torch.Tensor, stop_at_eos: bool = True) -> list[str]:
+        """``decode`` for each row of a ``[batch, tokens]`` int64 tensor (``[]`` for an empty batch)."""
+        V.index_tensor(ids, "ids", dim=2, n=self.vocab_size)
+        return [self._text(row, stop_at_eos) for row in ids.tolist()]
+
+    def _text(self, ids: list[int], stop_at_eos: bool) -> str:
         out = []
         for i in ids:
-            i = int(i)
-            if not 0 <= i < self.vocab_size:
-                raise ValueError(f"decode: id {i} is outside the vocabulary [0, {self.vocab_size})")
             if i == self.pad_id:
                 continue
             if i == self.eos_id:
@@ -89,24 +91,19 @@ class CharTokenizer:
             out.append(self.itos[i])
         return "".join(out)
 
-    def decode_batch(self, ids: torch.Tensor, stop_at_eos: bool = True) -> list[str]:
-        """``decode`` for each row of a ``[batch, tokens]`` tensor."""
-        if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
-            raise ValueError("decode_batch: ids must be a [batch, tokens] tensor")
-        return [self.decode(row, stop_at_eos) for row in ids]
-
     def encode_batch(self, texts: Sequence[str], device=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Encode prompts into a LEFT-padded ``[batch, max_len]`` id tensor and its bool mask.
 
         Left padding puts the last prompt character of every row in the same column, so that
         generation appends new tokens to all rows at once. ``mask`` is True at real tokens.
+        An empty list gives two ``[0, 0]`` tensors; an empty prompt is refused (the model needs a
+        token to condition on).
         """
-        if isinstance(texts, str) or not isinstance(texts, Sequence) or len(texts) == 0:
-            raise TypeError("encode_batch: texts must be a non-empty list of str")
-        rows = [self.encode(t) for t in texts]
-        if any(len(r) == 0 for r in rows):
-            raise ValueError("encode_batch: every prompt needs at least one character")
-        width = max(len(r) for r in rows)
+        rows = [self.encode(t) for t in V.str_list(texts, "texts")]
+        for i, r in enumerate(rows):
+            if not r:
+                raise ValueError(f"texts[{i}] is empty: every prompt needs at least one character")
+        width = max((len(r) for r in rows), default=0)
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.bool)
         for i, r in enumerate(rows):
@@ -117,12 +114,15 @@ class CharTokenizer:
         return ids, mask
 
     def to_dict(self) -> dict:
+        """The JSON-ready description a checkpoint stores: ``{"type": "CharTokenizer", "chars": ...}``."""
         return {"type": "CharTokenizer", "chars": self.chars}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "CharTokenizer":
-        if not isinstance(d, dict) or d.get("type") != "CharTokenizer" or "chars" not in d:
-            raise ValueError(f"CharTokenizer.from_dict: expected {{'type': 'CharTokenizer', 'chars': ...}}, got {d!r}")
+    def from_dict(cls, d: dict) -> CharTokenizer:
+        """The tokenizer that :meth:`~rlkit.llm.CharTokenizer.to_dict` wrote:
+        ``{"type": "CharTokenizer", "chars": ...}``."""
+        V.dict_keys(d, "d", required=["type", "chars"])
+        V.choice(d["type"], 'd["type"]', ["CharTokenizer"])
         return cls(d["chars"])
 
     def __repr__(self) -> str:
