@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from rlkit.exercises import check, exercises, get
+from rlkit.exercises import exercises, get
 
 CH01 = ["softmax_score", "bandit_gradient", "reward_to_go", "reinforce_loss"]
 

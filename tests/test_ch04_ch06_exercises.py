@@ -88,12 +88,16 @@ def test_kl_estimators_hand_values_and_exact_expectations():
     assert torch.all(k3 >= 0) and torch.all(k2 >= 0)
 
 
-def test_adaptive_kl_beta_matches_the_objectives_controller():
-    from rlkit.objectives import AdaptiveKLController
-    ref = get("adaptive_kl_beta").reference
+def test_adaptive_kl_beta_matches_the_controller_class():
+    from rlkit.controllers import AdaptiveKLController
+    ex = get("adaptive_kl_beta")
+    article = next(m.fn for m in ex.mistakes if "article's rule" in m.cause)
     for kl in [0.0, 0.001, 0.006, 0.0067, 0.01, 0.0149, 0.0151, 0.05]:
         ctl = AdaptiveKLController(init_beta=0.8, target=0.01, rule="ppo")
-        assert ref(0.8, kl, 0.01) == pytest.approx(ctl.update(kl))
+        assert ex.reference(0.8, kl, 0.01) == pytest.approx(ctl.update(kl))
+        ctl = AdaptiveKLController(init_beta=0.8, target=0.01, rule="article")
+        assert article(0.8, kl, 0.01) == pytest.approx(ctl.update(kl))
+    ref = ex.reference
     assert ref(1.0, 0.006, 0.01) == 0.5       # the article's rule would keep 1.0 here
     with pytest.raises(ValueError, match="beta"):
         ref(0.0, 0.01, 0.01)

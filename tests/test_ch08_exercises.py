@@ -65,13 +65,13 @@ def test_behaviour_logprobs_rejects_bad_input():
     lp, mask = -torch.rand(2, 3, 4), torch.ones(3, 4)
     with pytest.raises(ValueError, match="versions must lie in"):
         ref(lp, torch.tensor([0, 2, 1]), mask)
-    with pytest.raises(TypeError, match="LongTensor"):
+    with pytest.raises(TypeError, match="versions must be .*int64"):
         ref(lp, torch.tensor([0.0, 1.0, 1.0]), mask)
     with pytest.raises(ValueError, match="shape"):
         ref(lp, torch.tensor([0, 1]), mask)
     with pytest.raises(ValueError, match="mask"):
         ref(lp, torch.tensor([0, 1, 1]), torch.ones(3, 5))
-    with pytest.raises(ValueError, match=r"\[versions, batch, tokens\]"):
+    with pytest.raises(ValueError, match=r"logp_versions .*\[M, B, T\]"):
         ref(lp[0], torch.tensor([0, 1, 1]), mask)
 
 
@@ -120,7 +120,7 @@ def test_truncated_is_weights_reject_bad_input():
         ref(x, x, torch.ones(2, 3), 0.0)
     with pytest.raises(TypeError, match="cap"):
         ref(x, x, torch.ones(2, 3), "2")
-    with pytest.raises(ValueError, match="same shape"):
+    with pytest.raises(ValueError, match="logp_sampler has shape"):
         ref(x, torch.zeros(2, 4), torch.ones(2, 3), 2.0)
     with pytest.raises(TypeError, match="floating"):
         ref(x.long(), x, torch.ones(2, 3), 2.0)
@@ -178,7 +178,7 @@ def test_lognormal_tail_share_tends_to_one_and_rejects_bad_input():
     assert (out[1:] > out[:-1]).all() and out[-1].item() > 0.99
     with pytest.raises(ValueError, match="token_var"):
         ref(torch.tensor([1]), 0.0, 0.0)
-    with pytest.raises(ValueError, match="low < high"):
+    with pytest.raises(ValueError, match="high"):
         ref(torch.tensor([1]), 0.0, 1.0, 2.0, 0.5)
     with pytest.raises(ValueError, match="lengths"):
         ref(torch.tensor([0]), 0.0, 1.0)
@@ -224,7 +224,7 @@ def test_stale_advantage_error_rejects_bad_input():
     ref = get("stale_advantage_error").reference
     with pytest.raises(ValueError, match="success probabilities"):
         ref(torch.tensor([1.2]), torch.tensor([0.5]))
-    with pytest.raises(ValueError, match="same shape"):
+    with pytest.raises(ValueError, match="v_current has shape"):
         ref(torch.tensor([0.2, 0.3]), torch.tensor([0.5]))
     with pytest.raises(ValueError, match="eps"):
         ref(torch.tensor([0.2]), torch.tensor([0.5]), -1.0)

@@ -1,13 +1,14 @@
 """rlkit.exercises: the checker's diagnoses, on a small exercise defined here."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from rlkit.exercises import Case, Exercise, Mistake, check, get, grade, register
+from rlkit.exercises import Case, Exercise, Mistake, check, exercise, get, grade, mistake, register, self_check
 
 
 def _reference(rewards, discounts):
@@ -63,6 +64,101 @@ def test_unknown_exercise_lists_known_names():
         get("no_such_exercise")
     with pytest.raises(TypeError, match="student_fn"):
         check(42)
+    with pytest.raises(TypeError, match="name must be a str"):
+        check(_reference, name=3)
+
+
+@pytest.mark.parametrize("fn, says", [
+    (lambda rewards: rewards, r"takes \(rewards\) but the exercise calls it as _test_rtg\(rewards, discounts\)"),
+    (lambda: 0, r"takes \(\) but"),
+    (lambda rewards, discounts, lam: rewards, "missing a required argument: 'lam'"),
+])
+def test_a_submission_with_the_wrong_signature_is_refused_before_it_runs(fn, says):
+    calls = []
+
+    def spy(*args):
+        calls.append(args)
+        return fn(*args)
+
+    spy.__signature__ = __import__("inspect").signature(fn)
+    result = check(spy, name="_test_rtg", verbose=False)
+    assert not result and result.cases_passed == 0 and calls == []
+    assert re.search(says, result.message), result.message
+
+
+def test_a_callable_without_an_inspectable_signature_is_still_run():
+    # builtins such as max have no signature: the checker runs them and reports what they return
+    result = check(max, name="_test_rtg", verbose=False)
+    assert not result and "your function raised" in result.message
+
+
+def test_every_book_checker_refuses_a_non_callable_or_a_wrong_signature():
+    import inspect
+
+    for name in _book_exercises():
+        with pytest.raises(TypeError, match="must be callable"):
+            check(None, name=name)
+        result = check(lambda: 0, name=name, verbose=False)
+        params = ", ".join(inspect.signature(get(name).reference).parameters)
+        assert not result and result.cases_passed == 0, name
+        assert f"your function takes () but the exercise calls it as {name}({params})" in result.message, name
+
+
+def test_exercise_and_mistake_decorators_register_in_order():
+    @exercise(chapter=0, cases=[Case((torch.tensor([1.0, -2.0]),), label="two")], atol=0.0, description="abs")
+    def _test_abs(x):
+        return x.abs()
+
+    @mistake(_test_abs, "you returned x itself")
+    def _identity(x):
+        return x
+
+    @mistake(_test_abs, "you negated x")
+    def _negated(x):
+        return -x
+
+    ex = get("_test_abs")
+    assert ex.reference is _test_abs and ex.atol == 0.0 and ex.description == "abs"
+    assert [m.cause for m in ex.mistakes] == ["you returned x itself", "you negated x"]
+    assert "you negated x" in check(lambda x: -x, name="_test_abs", verbose=False).message
+    assert self_check("_test_abs") == []
+    with pytest.raises(ValueError, match="not the reference of a registered exercise"):
+        mistake(lambda x: x, "a cause")
+
+
+def test_layout_validator_binds_named_dimensions():
+    from rlkit import _validate as V
+
+    sizes = V.layout("N T A", floating=True, logits=torch.zeros(2, 3, 4))
+    assert sizes == {"N": 2, "T": 3, "A": 4}
+    assert V.layout("N T", sizes, weights=torch.zeros(2, 3), mask=torch.ones(2, 3, dtype=torch.bool))["T"] == 3
+    with pytest.raises(ValueError, match=r"weights has shape \(2, 4\), which does not fit \[N, T\]: T must be 3"):
+        V.layout("N T", sizes, weights=torch.zeros(2, 4))
+    with pytest.raises(ValueError, match="must have 2 dimension"):
+        V.layout("N T", weights=torch.zeros(2, 3, 1))
+    batch = V.layout("... S A", pi=torch.zeros(5, 2, 3, 4))
+    assert batch["..."] == (5, 2)
+    with pytest.raises(ValueError, match=r"the leading dimensions must be \(5, 2\) \(as in an earlier argument\)"):
+        V.layout("... S", batch, d=torch.zeros(5, 3))
+    with pytest.raises(ValueError, match="S must be 2 .as in P."):
+        V.layout("S A S", P=torch.zeros(2, 3, 4))
+    with pytest.raises(TypeError, match="x must have a floating dtype"):
+        V.layout("...", floating=True, x=torch.zeros(3, dtype=torch.int64))
+    with pytest.raises(TypeError, match="y must be a torch.Tensor"):
+        V.layout("...", y=[1.0])
+
+
+def test_real_list_validator():
+    from rlkit import _validate as V
+
+    assert V.real_list((1, 2.5), "v") == [1.0, 2.5]
+    assert V.real_list(torch.tensor([0.5, float("nan")]), "v")[0] == 0.5
+    with pytest.raises(TypeError, match=r"v\[1\] must be a real number"):
+        V.real_list([1.0, "x"], "v")
+    with pytest.raises(TypeError, match="v must be a list"):
+        V.real_list(3.0, "v")
+    with pytest.raises(ValueError, match="1-D"):
+        V.real_list(torch.zeros(2, 2), "v")
 
 
 def test_grade_reports_missing_and_passed():

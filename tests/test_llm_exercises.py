@@ -6,10 +6,9 @@ with its own cause.
 """
 import math
 
-import pytest
 import torch
 
-from rlkit.exercises import check, exercises, get
+from rlkit.exercises import exercises, get
 from rlkit.llm import sampling_logprobs
 from rlkit.objectives import grpo_advantages
 

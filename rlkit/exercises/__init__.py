@@ -1,18 +1,24 @@
 """Checkers for the book's exercises.
 
-Each chapter registers its exercises in ``rlkit/exercises/chNN.py``::
+Each chapter declares its exercises in ``rlkit/exercises/chNN.py``: the reference solution, named
+after the exercise and decorated with :func:`exercise`, and the known wrong variants, each
+decorated with :func:`mistake` and the cause to report::
 
-    register(Exercise(name="reward_to_go", chapter=1, reference=_reference,
-                      cases=[Case(args=(rewards, discounts), label="one episode")],
-                      mistakes=[Mistake(_forgot_reset, "the discount is not zeroed at termination")]))
+    @exercise(chapter=1, cases=_rtg_cases, atol=1e-5, description="Reward-to-go ...")
+    def reward_to_go(rewards, discounts):
+        ...
 
-and a student writes a function with the same name and calls ``check(reward_to_go)``.
-``check`` runs the student's function and the reference on every case and explains the
-first thing that differs: an exception, the wrong number of outputs, the wrong shape or
-dtype, NaNs, an input modified in place, or the first differing element, followed by a
-likely cause. Likely causes come from two places: the exercise's registered mistakes (a
-buggy variant whose outputs the student's match exactly), and generic patterns (a sign
-flip, a constant factor, a shift by one step in time, time reversed).
+    @mistake(reward_to_go, "the discount is not zeroed at termination")
+    def _rtg_ignores_termination(rewards, discounts):
+        ...
+
+A student writes a function with the same name and calls ``check(reward_to_go)``. ``check`` runs
+the student's function and the reference on every case and explains the first thing that
+differs: a signature that does not fit, an exception, the wrong number of outputs, the wrong shape
+or dtype, NaNs, an input modified in place, or the first differing element, followed by a likely
+cause. Likely causes come from two places: the exercise's registered mistakes (a buggy variant
+whose outputs the student's match exactly), and generic patterns (a sign flip, a constant factor,
+a shift by one step in time, time reversed).
 
 ``check`` returns a :class:`CheckResult`, truthy when every case matched, so a notebook can
 ``assert check(my_fn)``. Instructors can grade with :func:`grade`, which runs the checks for
@@ -23,13 +29,16 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 
-__all__ = ["Case", "Mistake", "Exercise", "CheckResult", "register", "check", "grade", "exercises", "get", "self_check", "float_tensors"]
+from rlkit import _validate as V
+
+__all__ = ["Case", "Mistake", "Exercise", "CheckResult", "register", "exercise", "mistake", "check", "grade",
+           "exercises", "get", "self_check"]
 
 
 @dataclass
@@ -63,13 +72,10 @@ class Exercise:
     description: str = ""
 
     def get_cases(self) -> list[Case]:
-        cases = self.cases() if callable(self.cases) else self.cases
-        cases = list(cases)
-        if not cases:
-            raise ValueError(f"exercise {self.name!r} has no cases")
-        for c in cases:
-            if not isinstance(c, Case):
-                raise TypeError(f"exercise {self.name!r}: cases must be Case objects, got {type(c).__name__}")
+        cases = list(self.cases() if callable(self.cases) else self.cases)
+        V.positive_int(len(cases), f"the number of cases of exercise {self.name!r}")
+        for i, c in enumerate(cases):
+            V.instance_of(c, f"exercise {self.name!r}: case {i}", Case, "Case")
         return cases
 
 
@@ -97,10 +103,35 @@ _LOADED = False
 
 def register(exercise: Exercise) -> Exercise:
     """Add an exercise to the registry (a later registration with the same name replaces it)."""
-    if not isinstance(exercise, Exercise):
-        raise TypeError(f"register: exercise must be an Exercise, got {type(exercise).__name__}")
+    V.instance_of(exercise, "exercise", Exercise)
     _REGISTRY[exercise.name] = exercise
     return exercise
+
+
+def exercise(chapter: int, cases: Sequence[Case] | Callable[[], Sequence[Case]], *, atol: float = 1e-6,
+             rtol: float = 1e-5, description: str = "") -> Callable[[Callable], Callable]:
+    """Decorator: register the decorated function as the reference solution of the exercise named
+    after it, checked on ``cases`` (a list of :class:`Case`, or a function returning one) to
+    ``atol``/``rtol``. Returns the function unchanged."""
+    def decorate(reference: Callable) -> Callable:
+        register(Exercise(reference.__name__, chapter, reference, cases, [], atol, rtol, description))
+        return reference
+    return decorate
+
+
+def mistake(reference: Callable, cause: str) -> Callable[[Callable], Callable]:
+    """Decorator: register the decorated function as a known wrong variant of the exercise whose
+    reference is ``reference``; ``check`` reports ``cause`` when a student's outputs match it on
+    every case. Mistakes are tried in the order they are declared."""
+    ex = next((e for e in _REGISTRY.values() if e.reference is reference), None)
+    if ex is None:
+        raise ValueError(f"mistake: {getattr(reference, '__name__', reference)!r} is not the reference of a "
+                         "registered exercise (decorate it with @exercise first)")
+
+    def decorate(fn: Callable) -> Callable:
+        ex.mistakes = [*ex.mistakes, Mistake(fn, cause)]
+        return fn
+    return decorate
 
 
 def _load_all() -> None:
@@ -127,15 +158,6 @@ def get(name: str) -> Exercise:
         known = ", ".join(sorted(_REGISTRY)) or "(none)"
         raise KeyError(f"no exercise named {name!r}; known exercises: {known}")
     return _REGISTRY[name]
-
-
-def float_tensors(fn: str, **tensors) -> None:
-    """For checker modules: raise ``TypeError`` naming ``fn`` and the argument unless every
-    keyword value is a floating-point ``torch.Tensor`` (``float_tensors("gae", rewards=r, values=v)``)."""
-    for name, x in tensors.items():
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-            got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
-            raise TypeError(f"{fn}: {name} must be a floating-point torch.Tensor, got {got}")
 
 
 # ----------------------------------------------------------------------------- comparison helpers
@@ -188,7 +210,8 @@ def _generic_cause(got: torch.Tensor, exp: torch.Tensor, atol: float, rtol: floa
     if not torch.isfinite(g).all() or not torch.isfinite(e).all():
         return None
     if e.abs().max() > atol and _close(g, -e, atol, rtol):
-        return "your result is the reference with the sign flipped (a loss must be minimised: did you drop or add a minus sign?)"
+        return ("your result is the reference with the sign flipped "
+                "(a loss must be minimised: did you drop or add a minus sign?)")
     nz = e.abs() > 1e-9
     if nz.sum() >= 2:  # with one number, every wrong answer is "a constant times" the right one
         ratio = g[nz] / e[nz]
@@ -202,11 +225,12 @@ def _generic_cause(got: torch.Tensor, exp: torch.Tensor, atol: float, rtol: floa
         if _close(g[..., 1:], e[..., :-1], atol, rtol):
             return "your values are shifted one step later in time than expected (an off-by-one in the time index)"
         if _close(g, e.flip(-1), atol, rtol):
-            return "your result is the reference reversed in time (a backward recursion stored in forward order, or vice versa)"
+            return ("your result is the reference reversed in time "
+                    "(a backward recursion stored in forward order, or vice versa)")
     return None
 
 
-def _compare(got_out, exp_out, ex: Exercise) -> str | None:
+def _compare(got_out, exp_out, atol: float, rtol: float) -> str | None:
     """None if equal, else a description of the first difference."""
     got_items, exp_items = _flatten(got_out), _flatten(exp_out)
     if len(got_items) != len(exp_items):
@@ -237,20 +261,20 @@ def _compare(got_out, exp_out, ex: Exercise) -> str | None:
         if et.is_floating_point() and not gt.is_floating_point():
             return (f"{where}expected a floating-point result, got dtype {gt.dtype} "
                     "(integer arithmetic truncates; convert with .float())")
-        if _close(gt, et, ex.atol, ex.rtol):
+        if _close(gt, et, atol, rtol):
             continue
         g64, e64 = gt.to(torch.float64), et.to(torch.float64)
         if torch.isnan(g64).any() and not torch.isnan(e64).any():
             idx = tuple(int(i) for i in torch.nonzero(torch.isnan(g64))[0]) if g64.dim() else ()
             return f"{where}your result has NaN at index {idx} where the reference is finite"
-        bad = ~torch.isclose(g64, e64, atol=ex.atol, rtol=ex.rtol, equal_nan=True)
+        bad = ~torch.isclose(g64, e64, atol=atol, rtol=rtol, equal_nan=True)
         if g64.dim() == 0:
             msg = f"{where}expected {_fmt(float(e64))}, got {_fmt(float(g64))}"
         else:
             idx = tuple(int(i) for i in torch.nonzero(bad)[0])
             msg = (f"{where}{int(bad.sum())} of {bad.numel()} elements differ; the first at index {idx}: "
                    f"expected {_fmt(float(e64[idx]))}, got {_fmt(float(g64[idx]))}")
-        cause = _generic_cause(gt, et, ex.atol, ex.rtol)
+        cause = _generic_cause(gt, et, atol, rtol)
         if cause:
             msg += f"\n   likely cause: {cause}"
         return msg
@@ -259,6 +283,16 @@ def _compare(got_out, exp_out, ex: Exercise) -> str | None:
 
 def _describe_case(case: Case, i: int) -> str:
     return f"case {i + 1}" + (f" ({case.label})" if case.label else "")
+
+
+def _call(fn: Callable, case: Case):
+    """``fn`` on a fresh copy of the case's inputs."""
+    return fn(*_clone(case.args), **_clone(case.kwargs))
+
+
+def _differs(fn_a: Callable, fn_b: Callable, case: Case, ex: Exercise) -> str | None:
+    """How ``fn_a`` differs from ``fn_b`` on ``case`` (None if they agree)."""
+    return _compare(_call(fn_a, case), _call(fn_b, case), ex.atol, ex.rtol)
 
 
 def _inputs_modified(before, after) -> list[str]:
@@ -272,72 +306,85 @@ def _inputs_modified(before, after) -> list[str]:
     return changed
 
 
-def check(student_fn: Callable, name: str | None = None, verbose: bool = True) -> CheckResult:
-    """Check a student's function against the exercise of the same name (or ``name``).
+def _parameters(fn: Callable) -> str | None:
+    try:
+        return ", ".join(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # builtins and some C callables have no signature
+        return None
 
-    Runs the student's function and the reference on every case, stops at the first case
-    that differs, and reports what differs and its likely cause. Prints the report when
-    ``verbose`` and returns a :class:`CheckResult` (truthy iff every case matched).
-    """
-    if not callable(student_fn):
-        raise TypeError(f"check: student_fn must be a function, got {type(student_fn).__name__}")
-    ex_name = name if name is not None else getattr(student_fn, "__name__", None)
-    if not isinstance(ex_name, str):
-        raise TypeError("check: pass name='...' for a callable without a __name__")
-    ex = get(ex_name)
-    cases = ex.get_cases()
-    passed = 0
-    failure = None
+
+def _signature_problem(student_fn: Callable, ex: Exercise, cases: list[Case]) -> str | None:
+    """Why ``student_fn`` cannot be called the way the cases call it (None if it can, or if unknown)."""
+    try:
+        sig = inspect.signature(student_fn)
+    except (TypeError, ValueError):
+        return None
+    for case in cases:
+        try:
+            sig.bind(*case.args, **case.kwargs)
+        except TypeError as err:
+            return (f"your function takes ({_parameters(student_fn)}) but the exercise calls it as "
+                    f"{ex.name}({_parameters(ex.reference)}) ({err}); give it the exercise's parameters")
+    return None
+
+
+def _first_failure(student_fn: Callable, ex: Exercise, cases: list[Case]) -> tuple[int, str | None]:
+    """Run the student's function on the cases in order: (cases passed, the first failure or None)."""
+    problem = _signature_problem(student_fn, ex, cases)
+    if problem is not None:
+        return 0, problem
     for i, case in enumerate(cases):
-        expected = ex.reference(*_clone(case.args), **_clone(case.kwargs))
+        expected = _call(ex.reference, case)
         args, kwargs = _clone(case.args), _clone(case.kwargs)
         try:
             got = student_fn(*args, **kwargs)
         except NotImplementedError:
-            failure = f"{_describe_case(case, i)}: not implemented yet (the function raised NotImplementedError)"
-            break
+            return i, f"{_describe_case(case, i)}: not implemented yet (the function raised NotImplementedError)"
         except Exception as err:  # report the student's exception, don't crash the notebook
-            failure = f"{_describe_case(case, i)}: your function raised {type(err).__name__}: {err}"
-            break
+            return i, f"{_describe_case(case, i)}: your function raised {type(err).__name__}: {err}"
         changed = _inputs_modified(case.args, args)
         if changed:
-            failure = (f"{_describe_case(case, i)}: your function modified its input in place "
+            return i, (f"{_describe_case(case, i)}: your function modified its input in place "
                        f"({', '.join(changed)}); work on a copy")
-            break
-        diff = _compare(got, expected, ex)
+        diff = _compare(got, expected, ex.atol, ex.rtol)
         if diff is not None:
-            failure = f"{_describe_case(case, i)}: {diff}"
             known = _match_mistake(student_fn, ex, cases)
-            if known is not None:
-                failure += f"\n   likely cause: {known}"
-            break
-        passed += 1
+            return i, f"{_describe_case(case, i)}: {diff}" + (f"\n   likely cause: {known}" if known else "")
+    return len(cases), None
+
+
+def check(student_fn: Callable, name: str | None = None, verbose: bool = True) -> CheckResult:
+    """Check a student's function against the exercise of the same name (or ``name``).
+
+    Refuses a non-callable (``TypeError``). Runs the student's function and the reference on every
+    case, stops at the first case that differs (or at a signature that cannot take the cases'
+    arguments), and reports what differs and its likely cause. Prints the report when ``verbose``
+    and returns a :class:`CheckResult` (truthy iff every case matched).
+    """
+    V.is_callable(student_fn, "student_fn (your function)")
+    if name is None:
+        name = V.instance_of(getattr(student_fn, "__name__", None), "student_fn.__name__", str,
+                             "str (pass name='...' for a callable without a __name__)")
+    ex = get(V.instance_of(name, "name", str, "str (the exercise's name)"))
+    cases = ex.get_cases()
+    passed, failure = _first_failure(student_fn, ex, cases)
     total = len(cases)
     if failure is None:
         message = (f"✓ {ex.name}: " + ("the case matches" if total == 1 else f"all {total} cases match")
                    + " the reference. Well done!")
-        ok = True
     else:
         message = f"✗ {ex.name}: {passed} of {total} cases passed.\n   {failure}"
-        ok = False
     if verbose:
         print(message)
-    return CheckResult(ex.name, ok, message, passed, total)
+    return CheckResult(ex.name, failure is None, message, passed, total)
 
 
 def _match_mistake(student_fn, ex: Exercise, cases: list[Case]) -> str | None:
-    for mistake in ex.mistakes:
+    """The cause of the first registered mistake whose outputs the student's match on every case."""
+    for known in ex.mistakes:
         try:
-            same = True
-            for case in cases:
-                m_out = mistake.fn(*_clone(case.args), **_clone(case.kwargs))
-                s_out = student_fn(*_clone(case.args), **_clone(case.kwargs))
-                probe = Exercise(ex.name, ex.chapter, ex.reference, [case], atol=ex.atol, rtol=ex.rtol)
-                if _compare(s_out, m_out, probe) is not None:
-                    same = False
-                    break
-            if same:
-                return mistake.cause
+            if all(_differs(student_fn, known.fn, case, ex) is None for case in cases):
+                return known.cause
         except Exception:
             continue
     return None
@@ -349,8 +396,7 @@ def grade(namespace: dict, chapter: int | None = None, verbose: bool = False) ->
     For instructors: ``grade(vars(student_module))`` or, in a notebook, ``grade(globals())``.
     Exercises without a matching function are reported as missing (not passed).
     """
-    if not isinstance(namespace, dict):
-        raise TypeError(f"grade: namespace must be a dict (e.g. vars(module)), got {type(namespace).__name__}")
+    V.instance_of(namespace, "namespace", dict, "dict (e.g. vars(module))")
     results = []
     for ex in exercises(chapter):
         fn = namespace.get(ex.name)
@@ -374,17 +420,13 @@ def self_check(name: str) -> list[str]:
     if not ref:
         problems.append(f"{name}: the reference fails its own check: {ref.message}")
     cases = ex.get_cases()
-    for mistake in ex.mistakes:
-        differs = any(
-            _compare(mistake.fn(*_clone(c.args), **_clone(c.kwargs)), ex.reference(*_clone(c.args), **_clone(c.kwargs)),
-                     ex) is not None
-            for c in cases)
-        if not differs:
-            problems.append(f"{name}: the mistake {mistake.cause!r} gives the reference's answer on every case")
+    for known in ex.mistakes:
+        if not any(_differs(known.fn, ex.reference, c, ex) is not None for c in cases):
+            problems.append(f"{name}: the mistake {known.cause!r} gives the reference's answer on every case")
             continue
-        result = check(mistake.fn, name=name, verbose=False)
+        result = check(known.fn, name=name, verbose=False)
         if result:
-            problems.append(f"{name}: the mistake {mistake.cause!r} passes the check")
-        elif mistake.cause not in result.message:
-            problems.append(f"{name}: the mistake {mistake.cause!r} is not diagnosed; the checker said: {result.message}")
+            problems.append(f"{name}: the mistake {known.cause!r} passes the check")
+        elif known.cause not in result.message:
+            problems.append(f"{name}: the mistake {known.cause!r} is not diagnosed; the checker said: {result.message}")
     return problems

@@ -16,60 +16,17 @@ from __future__ import annotations
 
 import torch
 
-from rlkit.exercises import Case, Exercise, Mistake, register
+from rlkit import _validate as V
+from rlkit.exercises import Case, exercise, mistake
 
 __all__: list[str] = []
 
 
-# --------------------------------------------------------------------------------------- helpers
-
-def _check_logits_actions(logits, actions, fn: str):
-    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
-        raise TypeError(f"{fn}: logits must be a floating-point torch.Tensor [..., A]")
-    if logits.dim() < 1 or logits.shape[-1] < 1:
-        raise ValueError(f"{fn}: logits must have shape [..., A] with A >= 1, got {tuple(logits.shape)}")
-    if not isinstance(actions, torch.Tensor) or actions.dtype != torch.int64:
-        raise TypeError(f"{fn}: actions must be an int64 torch.Tensor of shape logits.shape[:-1]")
-    if tuple(actions.shape) != tuple(logits.shape[:-1]):
-        raise ValueError(f"{fn}: actions must have shape {tuple(logits.shape[:-1])} (logits.shape[:-1]), "
-                         f"got {tuple(actions.shape)}")
-    if actions.numel() and (actions.min() < 0 or actions.max() >= logits.shape[-1]):
-        raise ValueError(f"{fn}: actions must lie in [0, {logits.shape[-1] - 1}]")
-
-
-def _one_hot(actions, n, dtype):
-    return torch.nn.functional.one_hot(actions, n).to(dtype)
+def _one_hot(actions, logits):
+    return torch.nn.functional.one_hot(actions, logits.shape[-1]).to(logits.dtype)
 
 
 # ----------------------------------------------------------------------- 1. softmax_score
-
-def _softmax_score(logits, actions):
-    r""":math:`\nabla_z \log\pi(a) = e_a - \mathrm{softmax}(z)`; logits ``[..., A]``, actions ``[...]``."""
-    _check_logits_actions(logits, actions, "softmax_score")
-    return _one_hot(actions, logits.shape[-1], logits.dtype) - torch.softmax(logits, dim=-1)
-
-
-def _score_sign(logits, actions):
-    return torch.softmax(logits, dim=-1) - _one_hot(actions, logits.shape[-1], logits.dtype)
-
-
-def _score_no_normaliser(logits, actions):
-    return _one_hot(actions, logits.shape[-1], logits.dtype)
-
-
-def _score_of_probability(logits, actions):
-    pi = torch.softmax(logits, dim=-1)
-    pa = pi.gather(-1, actions[..., None])
-    return pa * (_one_hot(actions, logits.shape[-1], logits.dtype) - pi)
-
-
-def _score_minus_log_softmax(logits, actions):
-    return _one_hot(actions, logits.shape[-1], logits.dtype) - torch.log_softmax(logits, dim=-1)
-
-
-def _score_wrong_dim(logits, actions):
-    return _one_hot(actions, logits.shape[-1], logits.dtype) - torch.softmax(logits, dim=0)
-
 
 def _score_cases():
     g = torch.Generator().manual_seed(101)
@@ -83,53 +40,46 @@ def _score_cases():
     ]
 
 
-register(Exercise(
-    name="softmax_score",
-    chapter=1,
-    reference=_softmax_score,
-    cases=_score_cases,
-    mistakes=[
-        Mistake(_score_sign, "you returned the gradient of -log pi (what a loss minimises), "
-                "not of log pi: it is softmax(z) - e_a instead of e_a - softmax(z)"),
-        Mistake(_score_no_normaliser, "you differentiated only the logit z_a and forgot the normaliser: "
-                "log pi(a) = z_a - log sum_b exp(z_b), whose gradient subtracts softmax(z)"),
-        Mistake(_score_of_probability, "this is the gradient of the probability pi(a) = pi_a (e_a - pi), "
-                "not of its logarithm: the score is grad pi(a) / pi(a)"),
-        Mistake(_score_minus_log_softmax, "you subtracted log softmax(z); the derivative of "
-                "log sum_b exp(z_b) is softmax(z) itself"),
-        Mistake(_score_wrong_dim, "the softmax is normalised over the first (batch) dimension; "
-                "actions live on the LAST dimension (dim=-1)"),
-    ],
-    atol=1e-6,
-    description="Closed-form score of a softmax policy with respect to its logits.",
-))
+@exercise(chapter=1, cases=_score_cases,
+          description="Closed-form score of a softmax policy with respect to its logits.")
+def softmax_score(logits, actions):
+    r""":math:`\nabla_z \log\pi(a) = e_a - \mathrm{softmax}(z)`; logits ``[..., A]``, actions ``[...]``."""
+    V.has_categories(logits, "logits")
+    V.index_tensor(actions, "actions", shape=logits.shape[:-1], shape_of="logits.shape[:-1]", n=logits.shape[-1])
+    return _one_hot(actions, logits) - torch.softmax(logits, dim=-1)
+
+
+@mistake(softmax_score, "you returned the gradient of -log pi (what a loss minimises), "
+         "not of log pi: it is softmax(z) - e_a instead of e_a - softmax(z)")
+def _score_sign(logits, actions):
+    return torch.softmax(logits, dim=-1) - _one_hot(actions, logits)
+
+
+@mistake(softmax_score, "you differentiated only the logit z_a and forgot the normaliser: "
+         "log pi(a) = z_a - log sum_b exp(z_b), whose gradient subtracts softmax(z)")
+def _score_no_normaliser(logits, actions):
+    return _one_hot(actions, logits)
+
+
+@mistake(softmax_score, "this is the gradient of the probability pi(a) = pi_a (e_a - pi), "
+         "not of its logarithm: the score is grad pi(a) / pi(a)")
+def _score_of_probability(logits, actions):
+    return torch.softmax(logits, dim=-1).gather(-1, actions[..., None]) * softmax_score(logits, actions)
+
+
+@mistake(softmax_score, "you subtracted log softmax(z); the derivative of "
+         "log sum_b exp(z_b) is softmax(z) itself")
+def _score_minus_log_softmax(logits, actions):
+    return _one_hot(actions, logits) - torch.log_softmax(logits, dim=-1)
+
+
+@mistake(softmax_score, "the softmax is normalised over the first (batch) dimension; "
+         "actions live on the LAST dimension (dim=-1)")
+def _score_wrong_dim(logits, actions):
+    return _one_hot(actions, logits) - torch.softmax(logits, dim=0)
 
 
 # ---------------------------------------------------------------------- 2. bandit_gradient
-
-def _bandit_gradient(logits, rewards):
-    r""":math:`\nabla_z \sum_a \pi_a r_a = \pi \odot (r - \langle\pi, r\rangle)`, shapes ``[..., A]``."""
-    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
-        raise TypeError("bandit_gradient: logits must be a floating-point torch.Tensor [..., A]")
-    if not isinstance(rewards, torch.Tensor) or rewards.shape != logits.shape:
-        raise ValueError("bandit_gradient: rewards must be a tensor with the shape of logits")
-    pi = torch.softmax(logits, dim=-1)
-    return pi * (rewards - (pi * rewards).sum(-1, keepdim=True))
-
-
-def _bandit_no_baseline(logits, rewards):
-    return torch.softmax(logits, dim=-1) * rewards
-
-
-def _bandit_no_pi(logits, rewards):
-    pi = torch.softmax(logits, dim=-1)
-    return rewards - (pi * rewards).sum(-1, keepdim=True)
-
-
-def _bandit_mean_baseline(logits, rewards):
-    pi = torch.softmax(logits, dim=-1)
-    return pi * (rewards - rewards.mean(-1, keepdim=True))
-
 
 def _bandit_cases():
     g = torch.Generator().manual_seed(202)
@@ -141,74 +91,33 @@ def _bandit_cases():
     ]
 
 
-register(Exercise(
-    name="bandit_gradient",
-    chapter=1,
-    reference=_bandit_gradient,
-    cases=_bandit_cases,
-    mistakes=[
-        Mistake(_bandit_no_baseline, "you kept only pi_a r_a: raising one logit also lowers every other "
-                "probability, which gives the term -pi_a <pi, r>"),
-        Mistake(_bandit_no_pi, "the factor pi_a is missing: d pi_b / d z_a = pi_b (1[a=b] - pi_a) "
-                "carries the probability"),
-        Mistake(_bandit_mean_baseline, "you subtracted the plain average of the rewards; "
-                "the term that appears is the policy's average <pi, r> = sum_b pi_b r_b"),
-    ],
-    atol=1e-6,
-    description="Exact gradient of the expected reward of a softmax bandit.",
-))
+@exercise(chapter=1, cases=_bandit_cases, description="Exact gradient of the expected reward of a softmax bandit.")
+def bandit_gradient(logits, rewards):
+    r""":math:`\nabla_z \sum_a \pi_a r_a = \pi \odot (r - \langle\pi, r\rangle)`, shapes ``[..., A]``."""
+    V.matching_floats(logits=logits, rewards=rewards)
+    pi = torch.softmax(logits, dim=-1)
+    return pi * (rewards - (pi * rewards).sum(-1, keepdim=True))
+
+
+@mistake(bandit_gradient, "you kept only pi_a r_a: raising one logit also lowers every other "
+         "probability, which gives the term -pi_a <pi, r>")
+def _bandit_no_baseline(logits, rewards):
+    return torch.softmax(logits, dim=-1) * rewards
+
+
+@mistake(bandit_gradient, "the factor pi_a is missing: d pi_b / d z_a = pi_b (1[a=b] - pi_a) "
+         "carries the probability")
+def _bandit_no_pi(logits, rewards):
+    return rewards - (torch.softmax(logits, dim=-1) * rewards).sum(-1, keepdim=True)
+
+
+@mistake(bandit_gradient, "you subtracted the plain average of the rewards; "
+         "the term that appears is the policy's average <pi, r> = sum_b pi_b r_b")
+def _bandit_mean_baseline(logits, rewards):
+    return torch.softmax(logits, dim=-1) * (rewards - rewards.mean(-1, keepdim=True))
 
 
 # ------------------------------------------------------------------------- 3. reward_to_go
-
-def _check_rewards_discounts(rewards, discounts):
-    for name, x in (("rewards", rewards), ("discounts", discounts)):
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-            raise TypeError(f"reward_to_go: {name} must be a floating-point torch.Tensor [..., T]")
-    if rewards.dim() < 1 or discounts.shape != rewards.shape:
-        raise ValueError(f"reward_to_go: discounts must have the shape of rewards {tuple(rewards.shape)}, "
-                         f"got {tuple(discounts.shape)}")
-
-
-def _reward_to_go(rewards, discounts):
-    r""":math:`G_t = r_t + \gamma_t G_{t+1}`, :math:`G_T = 0`; ``[..., T] -> [..., T]``."""
-    _check_rewards_discounts(rewards, discounts)
-    out = torch.zeros_like(rewards)
-    g = torch.zeros_like(rewards[..., 0])
-    for t in range(rewards.shape[-1] - 1, -1, -1):
-        g = rewards[..., t] + discounts[..., t] * g
-        out[..., t] = g
-    return out
-
-
-def _rtg_ignores_termination(rewards, discounts):
-    gamma = discounts.max()
-    return _reward_to_go(rewards, torch.full_like(discounts, float(gamma)))
-
-
-def _rtg_next_discount(rewards, discounts):
-    shifted = torch.cat([discounts[..., 1:], torch.zeros_like(discounts[..., :1])], dim=-1)
-    return _reward_to_go(rewards, shifted)
-
-
-def _rtg_excludes_current(rewards, discounts):
-    return _reward_to_go(rewards, discounts) - rewards
-
-
-def _rtg_forward(rewards, discounts):
-    out = torch.zeros_like(rewards)
-    c = torch.zeros_like(rewards[..., 0])
-    prev = torch.zeros_like(rewards[..., 0])
-    for t in range(rewards.shape[-1]):
-        c = rewards[..., t] + prev * c
-        prev = discounts[..., t]
-        out[..., t] = c
-    return out
-
-
-def _rtg_discounts_current(rewards, discounts):
-    return discounts * _reward_to_go(rewards, discounts)
-
 
 def _rtg_cases():
     g = torch.Generator().manual_seed(303)
@@ -227,77 +136,66 @@ def _rtg_cases():
     ]
 
 
-register(Exercise(
-    name="reward_to_go",
-    chapter=1,
-    reference=_reward_to_go,
-    cases=_rtg_cases,
-    mistakes=[
-        Mistake(_rtg_ignores_termination, "the discount is not zeroed at termination: the return of the "
-                "next episode leaks into the steps of the one before (use discounts[..., t], which is 0 "
-                "at a terminal step)"),
-        Mistake(_rtg_next_discount, "you used discounts[..., t+1] instead of discounts[..., t]: the "
-                "termination flag acts one step late (an off-by-one in time)"),
-        Mistake(_rtg_excludes_current, "the sum starts at r_{t+1}: the reward r_t of the step itself "
-                "is missing (an off-by-one in time)"),
-        Mistake(_rtg_forward, "you accumulated forwards in time (the reward collected so far), "
-                "not backwards (the reward still to come)"),
-        Mistake(_rtg_discounts_current, "you discounted r_t as well: the discount applies to what "
-                "comes after step t, G_t = r_t + gamma_t G_{t+1}"),
-    ],
-    atol=1e-5,
-    description="Reward-to-go with per-step discounts that stop at episode boundaries.",
-))
+@exercise(chapter=1, cases=_rtg_cases, atol=1e-5,
+          description="Reward-to-go with per-step discounts that stop at episode boundaries.")
+def reward_to_go(rewards, discounts):
+    r""":math:`G_t = r_t + \gamma_t G_{t+1}`, :math:`G_T = 0`; ``[..., T] -> [..., T]``."""
+    V.matching_floats(rewards=rewards, discounts=discounts)
+    V.in_unit_interval(discounts, "discounts")
+    out = torch.zeros_like(rewards)
+    g = torch.zeros_like(rewards[..., 0])
+    for t in range(rewards.shape[-1] - 1, -1, -1):
+        g = rewards[..., t] + discounts[..., t] * g
+        out[..., t] = g
+    return out
+
+
+@mistake(reward_to_go, "the discount is not zeroed at termination: the return of the next episode leaks "
+         "into the steps of the one before (use discounts[..., t], which is 0 at a terminal step)")
+def _rtg_ignores_termination(rewards, discounts):
+    return reward_to_go(rewards, torch.full_like(discounts, float(discounts.max())))
+
+
+@mistake(reward_to_go, "you used discounts[..., t+1] instead of discounts[..., t]: the "
+         "termination flag acts one step late (an off-by-one in time)")
+def _rtg_next_discount(rewards, discounts):
+    return reward_to_go(rewards, torch.cat([discounts[..., 1:], torch.zeros_like(discounts[..., :1])], dim=-1))
+
+
+@mistake(reward_to_go, "the sum starts at r_{t+1}: the reward r_t of the step itself "
+         "is missing (an off-by-one in time)")
+def _rtg_excludes_current(rewards, discounts):
+    return reward_to_go(rewards, discounts) - rewards
+
+
+@mistake(reward_to_go, "you accumulated forwards in time (the reward collected so far), "
+         "not backwards (the reward still to come)")
+def _rtg_forward(rewards, discounts):
+    out = torch.zeros_like(rewards)
+    c = torch.zeros_like(rewards[..., 0])
+    prev = torch.zeros_like(rewards[..., 0])
+    for t in range(rewards.shape[-1]):
+        c = rewards[..., t] + prev * c
+        prev = discounts[..., t]
+        out[..., t] = c
+    return out
+
+
+@mistake(reward_to_go, "you discounted r_t as well: the discount applies to what "
+         "comes after step t, G_t = r_t + gamma_t G_{t+1}")
+def _rtg_discounts_current(rewards, discounts):
+    return discounts * reward_to_go(rewards, discounts)
 
 
 # ------------------------------------------------------------------------ 4. reinforce_loss
-
-def _check_loss_args(logits, actions, weights, mask):
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or not logits.is_floating_point():
-        raise ValueError("reinforce_loss: logits must be a float tensor [N, T, A]")
-    _check_logits_actions(logits, actions, "reinforce_loss")
-    for name, x in (("weights", weights), ("mask", mask)):
-        if not isinstance(x, torch.Tensor) or tuple(x.shape) != tuple(actions.shape):
-            raise ValueError(f"reinforce_loss: {name} must be a tensor of shape {tuple(actions.shape)}")
-
 
 def _logp(logits, actions, dim=-1):
     return torch.log_softmax(logits, dim=dim).gather(-1, actions[..., None]).squeeze(-1)
 
 
-def _reinforce_loss(logits, actions, weights, mask):
-    r""":math:`L = -\frac1N \sum_{i,t} m_{i,t} w_{i,t} \log\pi(a_{i,t}|s_{i,t})`; returns a 0-dim tensor."""
-    _check_loss_args(logits, actions, weights, mask)
-    m = mask.to(logits.dtype)
-    return -(m * weights.detach() * _logp(logits, actions)).sum() / logits.shape[0]
-
-
-def _loss_sign(logits, actions, weights, mask):
-    return -_reinforce_loss(logits, actions, weights, mask)
-
-
-def _loss_step_mean(logits, actions, weights, mask):
-    m = mask.to(logits.dtype)
-    return -(m * weights * _logp(logits, actions)).sum() / m.sum()
-
-
-def _loss_plain_mean(logits, actions, weights, mask):
-    m = mask.to(logits.dtype)
-    return -(m * weights * _logp(logits, actions)).mean()
-
-
-def _loss_no_mask(logits, actions, weights, mask):
-    return -(weights * _logp(logits, actions)).sum() / logits.shape[0]
-
-
-def _loss_probability(logits, actions, weights, mask):
-    m = mask.to(logits.dtype)
-    return -(m * weights * _logp(logits, actions).exp()).sum() / logits.shape[0]
-
-
-def _loss_wrong_dim(logits, actions, weights, mask):
-    m = mask.to(logits.dtype)
-    return -(m * weights * _logp(logits, actions, dim=1)).sum() / logits.shape[0]
+def _terms(logits, actions, weights, mask, dim=-1):
+    r"""The summands :math:`m_{i,t}\, w_{i,t} \log\pi(a_{i,t} \mid s_{i,t})` of the loss."""
+    return mask.to(logits.dtype) * weights * _logp(logits, actions, dim)
 
 
 def _loss_cases():
@@ -322,25 +220,48 @@ def _loss_cases():
     ]
 
 
-register(Exercise(
-    name="reinforce_loss",
-    chapter=1,
-    reference=_reinforce_loss,
-    cases=_loss_cases,
-    mistakes=[
-        Mistake(_loss_sign, "the sign is flipped: the optimiser MINIMISES the loss, so the loss must be "
-                "-sum w log pi; with +, gradient descent makes high-return actions less likely"),
-        Mistake(_loss_step_mean, "you divided by the number of real steps instead of the number of "
-                "trajectories N: the estimator sums over time and averages over trajectories"),
-        Mistake(_loss_plain_mean, "torch.mean over all N*T entries (padding included) divides by N*T, "
-                "not by N: sum over time, then average over trajectories"),
-        Mistake(_loss_no_mask, "the mask is ignored: padded steps after the end of an episode "
-                "contribute to the loss"),
-        Mistake(_loss_probability, "you weighted the probability pi(a|s), not its logarithm: the "
-                "gradient of w * pi is w * pi * grad log pi, which is not the REINFORCE estimate"),
-        Mistake(_loss_wrong_dim, "log_softmax is taken over dim=1 (time) instead of the action "
-                "dimension (dim=-1)"),
-    ],
-    atol=1e-5,
-    description="The surrogate loss whose gradient is minus the REINFORCE estimate.",
-))
+@exercise(chapter=1, cases=_loss_cases, atol=1e-5,
+          description="The surrogate loss whose gradient is minus the REINFORCE estimate.")
+def reinforce_loss(logits, actions, weights, mask):
+    r""":math:`L = -\frac1N \sum_{i,t} m_{i,t} w_{i,t} \log\pi(a_{i,t}|s_{i,t})`; returns a 0-dim tensor."""
+    sizes = V.layout("N T A", floating=True, logits=logits)
+    V.layout("N T", sizes, floating=True, weights=weights)
+    V.index_tensor(actions, "actions", shape=weights.shape, shape_of="[N, T]", n=sizes["A"])
+    m = V.check_mask(mask, weights, "weights")
+    return -(m * weights.detach() * _logp(logits, actions)).sum() / logits.shape[0]
+
+
+@mistake(reinforce_loss, "the sign is flipped: the optimiser MINIMISES the loss, so the loss must be "
+         "-sum w log pi; with +, gradient descent makes high-return actions less likely")
+def _loss_sign(logits, actions, weights, mask):
+    return -reinforce_loss(logits, actions, weights, mask)
+
+
+@mistake(reinforce_loss, "you divided by the number of real steps instead of the number of "
+         "trajectories N: the estimator sums over time and averages over trajectories")
+def _loss_step_mean(logits, actions, weights, mask):
+    return -_terms(logits, actions, weights, mask).sum() / mask.to(logits.dtype).sum()
+
+
+@mistake(reinforce_loss, "torch.mean over all N*T entries (padding included) divides by N*T, "
+         "not by N: sum over time, then average over trajectories")
+def _loss_plain_mean(logits, actions, weights, mask):
+    return -_terms(logits, actions, weights, mask).mean()
+
+
+@mistake(reinforce_loss, "the mask is ignored: padded steps after the end of an episode "
+         "contribute to the loss")
+def _loss_no_mask(logits, actions, weights, mask):
+    return reinforce_loss(logits, actions, weights, torch.ones_like(weights))
+
+
+@mistake(reinforce_loss, "you weighted the probability pi(a|s), not its logarithm: the "
+         "gradient of w * pi is w * pi * grad log pi, which is not the REINFORCE estimate")
+def _loss_probability(logits, actions, weights, mask):
+    return -(mask.to(logits.dtype) * weights * _logp(logits, actions).exp()).sum() / logits.shape[0]
+
+
+@mistake(reinforce_loss, "log_softmax is taken over dim=1 (time) instead of the action "
+         "dimension (dim=-1)")
+def _loss_wrong_dim(logits, actions, weights, mask):
+    return -_terms(logits, actions, weights, mask, dim=1).sum() / logits.shape[0]

@@ -21,32 +21,11 @@ from __future__ import annotations
 
 import torch
 
-from rlkit.exercises import Case, Exercise, Mistake, register
+from rlkit import _validate as V
+from rlkit.exercises import Case, exercise, mistake
+from rlkit.exercises.ch01 import reward_to_go
 
 __all__: list[str] = []
-
-
-# --------------------------------------------------------------------------------------- helpers
-
-def _check_steps(fn: str, **tensors):
-    ref_name, ref = next(iter(tensors.items()))
-    for name, x in tensors.items():
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-            raise TypeError(f"{fn}: {name} must be a floating-point torch.Tensor [..., T]")
-        if x.dim() < 1 or x.shape != ref.shape:
-            raise ValueError(f"{fn}: {name} must have the shape of {ref_name} {tuple(ref.shape)}, "
-                             f"got {tuple(x.shape)}")
-
-
-def _lam_tensor(lam, like, fn: str):
-    if isinstance(lam, torch.Tensor) and lam.dim() > 0:
-        if lam.shape != like.shape:
-            raise ValueError(f"{fn}: a tensor lam must have the shape of rewards {tuple(like.shape)}")
-        return lam.to(like.dtype)
-    lam = float(lam)
-    if not 0.0 <= lam <= 1.0:
-        raise ValueError(f"{fn}: lam must lie in [0, 1], got {lam}")
-    return torch.full_like(like, lam)
 
 
 def _episode_rows(g, shape, p_term, gamma, dtype=torch.float32):
@@ -63,57 +42,12 @@ def _episode_rows(g, shape, p_term, gamma, dtype=torch.float32):
     return rewards, values, next_values, gamma * (1.0 - term)
 
 
+def _td_errors(rewards, values, next_values, discounts):
+    r""":math:`\delta_t = r_t + \gamma_t V(s_{t+1}) - V(s_t)`."""
+    return rewards + discounts * next_values - values
+
+
 # ---------------------------------------------------------------------- 1. k_step_advantage
-
-def _k_step_advantage(rewards, values, next_values, discounts, k):
-    r""":math:`\hat A^{(k)}_t`, the k-step bootstrapped return minus :math:`V(s_t)`; ``[..., T]``."""
-    _check_steps("k_step_advantage", rewards=rewards, values=values, next_values=next_values,
-                 discounts=discounts)
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k_step_advantage: k must be an int >= 1, got {k!r}")
-    T = rewards.shape[-1]
-    out = torch.empty_like(rewards)
-    for t in range(T):
-        m = min(k, T - t)
-        total = torch.zeros_like(rewards[..., 0])
-        disc = torch.ones_like(rewards[..., 0])
-        for j in range(m):
-            total = total + disc * rewards[..., t + j]
-            disc = disc * discounts[..., t + j]
-        out[..., t] = total + disc * next_values[..., t + m - 1] - values[..., t]
-    return out
-
-
-def _ks_no_baseline(rewards, values, next_values, discounts, k):
-    return _k_step_advantage(rewards, values, next_values, discounts, k) + values
-
-
-def _ks_k_plus_one(rewards, values, next_values, discounts, k):
-    return _k_step_advantage(rewards, values, next_values, discounts, k + 1)
-
-
-def _ks_constant_gamma(rewards, values, next_values, discounts, k):
-    gamma = float(discounts.max())
-    return _k_step_advantage(rewards, values, next_values, discounts.clamp(min=gamma), k)
-
-
-def _ks_zero_bootstrap_at_end(rewards, values, next_values, discounts, k):
-    # bootstraps from values[t+m] and, past the end of the segment, from 0
-    padded = torch.cat([values[..., 1:], torch.zeros_like(values[..., :1])], dim=-1)
-    return _k_step_advantage(rewards, values, padded, discounts, k)
-
-
-def _ks_wraps_around(rewards, values, next_values, discounts, k):
-    # a vectorised version built with torch.roll: windows wrap around to the start of the row
-    T = rewards.shape[-1]
-    total = torch.zeros_like(rewards)
-    disc = torch.ones_like(rewards)
-    for j in range(k):
-        total = total + disc * torch.roll(rewards, -j, dims=-1)
-        disc = disc * torch.roll(discounts, -j, dims=-1)
-    boot = torch.roll(next_values, -(k - 1), dims=-1)
-    return total + disc * boot - values if T > 0 else total
-
 
 def _ks_cases():
     g = torch.Generator().manual_seed(2001)
@@ -130,85 +64,63 @@ def _ks_cases():
     ]
 
 
-register(Exercise(
-    name="k_step_advantage",
-    chapter=2,
-    reference=_k_step_advantage,
-    cases=_ks_cases,
-    mistakes=[
-        Mistake(_ks_no_baseline, "V(s_t) is not subtracted: this is the k-step RETURN; the advantage "
-                "is the return minus the baseline V(s_t)"),
-        Mistake(_ks_k_plus_one, "your window has k+1 rewards: A^(k) uses r_t ... r_{t+k-1} and "
-                "bootstraps with V(s_{t+k}) (an off-by-one in the window length)"),
-        Mistake(_ks_constant_gamma, "you discounted with gamma^l and ignored the per-step discounts: "
-                "a termination (discount 0) inside the window must stop the sum there"),
-        Mistake(_ks_zero_bootstrap_at_end, "you bootstrapped with values[t+m] (and 0 past the end): "
-                "V(s_{t+m}) is next_values[..., t+m-1], which holds a real value after the last step"),
-        Mistake(_ks_wraps_around, "windows near the end of the row wrap around to its start "
-                "(torch.roll): cut the window at the end of the segment, m = min(k, T - t)"),
-    ],
-    atol=1e-5,
-    description="k-step advantage estimates with per-step discounts.",
-))
+@exercise(chapter=2, cases=_ks_cases, atol=1e-5, description="k-step advantage estimates with per-step discounts.")
+def k_step_advantage(rewards, values, next_values, discounts, k):
+    r""":math:`\hat A^{(k)}_t`, the k-step bootstrapped return minus :math:`V(s_t)`; ``[..., T]``."""
+    V.matching_floats(rewards=rewards, values=values, next_values=next_values, discounts=discounts)
+    V.in_unit_interval(discounts, "discounts")
+    k = V.positive_int(k, "k")
+    T = rewards.shape[-1]
+    out = torch.empty_like(rewards)
+    for t in range(T):
+        m = min(k, T - t)
+        total = torch.zeros_like(rewards[..., 0])
+        disc = torch.ones_like(rewards[..., 0])
+        for j in range(m):
+            total = total + disc * rewards[..., t + j]
+            disc = disc * discounts[..., t + j]
+        out[..., t] = total + disc * next_values[..., t + m - 1] - values[..., t]
+    return out
+
+
+@mistake(k_step_advantage, "V(s_t) is not subtracted: this is the k-step RETURN; the advantage "
+         "is the return minus the baseline V(s_t)")
+def _ks_no_baseline(rewards, values, next_values, discounts, k):
+    return k_step_advantage(rewards, values, next_values, discounts, k) + values
+
+
+@mistake(k_step_advantage, "your window has k+1 rewards: A^(k) uses r_t ... r_{t+k-1} and "
+         "bootstraps with V(s_{t+k}) (an off-by-one in the window length)")
+def _ks_k_plus_one(rewards, values, next_values, discounts, k):
+    return k_step_advantage(rewards, values, next_values, discounts, k + 1)
+
+
+@mistake(k_step_advantage, "you discounted with gamma^l and ignored the per-step discounts: "
+         "a termination (discount 0) inside the window must stop the sum there")
+def _ks_constant_gamma(rewards, values, next_values, discounts, k):
+    return k_step_advantage(rewards, values, next_values, discounts.clamp(min=float(discounts.max())), k)
+
+
+@mistake(k_step_advantage, "you bootstrapped with values[t+m] (and 0 past the end): "
+         "V(s_{t+m}) is next_values[..., t+m-1], which holds a real value after the last step")
+def _ks_zero_bootstrap_at_end(rewards, values, next_values, discounts, k):
+    padded = torch.cat([values[..., 1:], torch.zeros_like(values[..., :1])], dim=-1)
+    return k_step_advantage(rewards, values, padded, discounts, k)
+
+
+@mistake(k_step_advantage, "windows near the end of the row wrap around to its start "
+         "(torch.roll): cut the window at the end of the segment, m = min(k, T - t)")
+def _ks_wraps_around(rewards, values, next_values, discounts, k):
+    # a vectorised version built with torch.roll: windows wrap around to the start of the row
+    total = torch.zeros_like(rewards)
+    disc = torch.ones_like(rewards)
+    for j in range(k):
+        total = total + disc * torch.roll(rewards, -j, dims=-1)
+        disc = disc * torch.roll(discounts, -j, dims=-1)
+    return total + disc * torch.roll(next_values, -(k - 1), dims=-1) - values
 
 
 # ------------------------------------------------------------------------- 2. gae_advantages
-
-def _gae_advantages(rewards, values, next_values, discounts, lam):
-    r""":math:`\hat A_t = \delta_t + \gamma_t\lambda_t\hat A_{t+1}`, :math:`\hat A_T = 0`; ``[..., T]``."""
-    _check_steps("gae_advantages", rewards=rewards, values=values, next_values=next_values,
-                 discounts=discounts)
-    lam_t = _lam_tensor(lam, rewards, "gae_advantages")
-    delta = rewards + discounts * next_values - values
-    out = torch.empty_like(rewards)
-    a = torch.zeros_like(rewards[..., 0])
-    for t in range(rewards.shape[-1] - 1, -1, -1):
-        a = delta[..., t] + discounts[..., t] * lam_t[..., t] * a
-        out[..., t] = a
-    return out
-
-
-def _gae_no_lambda(rewards, values, next_values, discounts, lam):
-    return _gae_advantages(rewards, values, next_values, discounts, 1.0)
-
-
-def _gae_no_gamma(rewards, values, next_values, discounts, lam):
-    lam_t = _lam_tensor(lam, rewards, "gae")
-    delta = rewards + discounts * next_values - values
-    out = torch.empty_like(rewards)
-    a = torch.zeros_like(rewards[..., 0])
-    for t in range(rewards.shape[-1] - 1, -1, -1):
-        a = delta[..., t] + lam_t[..., t] * a
-        out[..., t] = a
-    return out
-
-
-def _gae_values_shifted(rewards, values, next_values, discounts, lam):
-    shifted = torch.cat([values[..., 1:], next_values[..., -1:]], dim=-1)
-    return _gae_advantages(rewards, values, shifted, discounts, lam)
-
-
-def _gae_next_discount(rewards, values, next_values, discounts, lam):
-    lam_t = _lam_tensor(lam, rewards, "gae")
-    delta = rewards + discounts * next_values - values
-    nd = torch.cat([discounts[..., 1:], torch.zeros_like(discounts[..., :1])], dim=-1)
-    out = torch.empty_like(rewards)
-    a = torch.zeros_like(rewards[..., 0])
-    for t in range(rewards.shape[-1] - 1, -1, -1):
-        a = delta[..., t] + nd[..., t] * lam_t[..., t] * a
-        out[..., t] = a
-    return out
-
-
-def _gae_returns_instead(rewards, values, next_values, discounts, lam):
-    return _gae_advantages(rewards, values, next_values, discounts, lam) + values
-
-
-def _gae_ignores_lam_mask(rewards, values, next_values, discounts, lam):
-    if isinstance(lam, torch.Tensor) and lam.dim() > 0:
-        lam = float(lam.max())
-    return _gae_advantages(rewards, values, next_values, discounts, lam)
-
 
 def _gae_cases():
     g = torch.Generator().manual_seed(2002)
@@ -230,72 +142,66 @@ def _gae_cases():
     ]
 
 
-register(Exercise(
-    name="gae_advantages",
-    chapter=2,
-    reference=_gae_advantages,
-    cases=_gae_cases,
-    mistakes=[
-        Mistake(_gae_no_lambda, "lambda is missing from the recursion: with A_t = delta_t + gamma_t "
-                "A_{t+1} you computed the lambda=1 (Monte Carlo) advantage"),
-        Mistake(_gae_no_gamma, "the discount is missing from the recursion: A_t = delta_t + gamma_t "
-                "lambda_t A_{t+1}; without gamma_t the trace also runs across terminations"),
-        Mistake(_gae_next_discount, "you used discounts[..., t+1] in the recursion of step t: the "
-                "termination flag acts one step late (an off-by-one in time)"),
-        Mistake(_gae_values_shifted, "you bootstrapped with values[..., t+1] instead of "
-                "next_values[..., t]: wrong at a truncation, where V(s_{t+1}) is the value of the "
-                "final observation and values[..., t+1] already belongs to the next episode"),
-        Mistake(_gae_returns_instead, "you returned A + V (the lambda-return, the critic's target), "
-                "not the advantage A"),
-        Mistake(_gae_ignores_lam_mask, "the per-step lam is treated as one number: where lam is 0 "
-                "(a truncation) the trace must stop"),
-    ],
-    atol=1e-5,
-    description="Generalised advantage estimation by the backward recursion.",
-))
+@exercise(chapter=2, cases=_gae_cases, atol=1e-5,
+          description="Generalised advantage estimation by the backward recursion.")
+def gae_advantages(rewards, values, next_values, discounts, lam):
+    r""":math:`\hat A_t = \delta_t + \gamma_t\lambda_t\hat A_{t+1}`, :math:`\hat A_T = 0`; ``[..., T]``.
+
+    The recursion of chapter 1's reward-to-go, run on the TD errors with discounts :math:`\gamma_t\lambda_t`.
+    """
+    V.matching_floats(rewards=rewards, values=values, next_values=next_values, discounts=discounts)
+    V.in_unit_interval(discounts, "discounts")
+    lam = V.scalar_or_like(lam, "lam", rewards, "rewards")
+    return reward_to_go(_td_errors(rewards, values, next_values, discounts), discounts * lam)
+
+
+@mistake(gae_advantages, "lambda is missing from the recursion: with A_t = delta_t + gamma_t "
+         "A_{t+1} you computed the lambda=1 (Monte Carlo) advantage")
+def _gae_no_lambda(rewards, values, next_values, discounts, lam):
+    return gae_advantages(rewards, values, next_values, discounts, 1.0)
+
+
+@mistake(gae_advantages, "the discount is missing from the recursion: A_t = delta_t + gamma_t "
+         "lambda_t A_{t+1}; without gamma_t the trace also runs across terminations")
+def _gae_no_gamma(rewards, values, next_values, discounts, lam):
+    return reward_to_go(_td_errors(rewards, values, next_values, discounts), lam * torch.ones_like(rewards))
+
+
+@mistake(gae_advantages, "you used discounts[..., t+1] in the recursion of step t: the "
+         "termination flag acts one step late (an off-by-one in time)")
+def _gae_next_discount(rewards, values, next_values, discounts, lam):
+    late = torch.cat([discounts[..., 1:], torch.zeros_like(discounts[..., :1])], dim=-1)
+    return reward_to_go(_td_errors(rewards, values, next_values, discounts), late * lam)
+
+
+@mistake(gae_advantages, "you bootstrapped with values[..., t+1] instead of "
+         "next_values[..., t]: wrong at a truncation, where V(s_{t+1}) is the value of the "
+         "final observation and values[..., t+1] already belongs to the next episode")
+def _gae_values_shifted(rewards, values, next_values, discounts, lam):
+    shifted = torch.cat([values[..., 1:], next_values[..., -1:]], dim=-1)
+    return gae_advantages(rewards, values, shifted, discounts, lam)
+
+
+@mistake(gae_advantages, "you returned A + V (the lambda-return, the critic's target), "
+         "not the advantage A")
+def _gae_returns_instead(rewards, values, next_values, discounts, lam):
+    return gae_advantages(rewards, values, next_values, discounts, lam) + values
+
+
+@mistake(gae_advantages, "the per-step lam is treated as one number: where lam is 0 "
+         "(a truncation) the trace must stop")
+def _gae_ignores_lam_mask(rewards, values, next_values, discounts, lam):
+    if isinstance(lam, torch.Tensor) and lam.dim() > 0:
+        lam = float(lam.max())
+    return gae_advantages(rewards, values, next_values, discounts, lam)
 
 
 # --------------------------------------------------------------------------- 3. lambda_average
 
-def _lambda_average(k_step, lam):
-    r"""Weights :math:`(1-\lambda)\lambda^{k-1}` for :math:`k<K` and the tail :math:`\lambda^{K-1}` on
-    :math:`\hat A^{(K)}`. ``k_step``: ``[..., K]`` holding :math:`\hat A^{(1)},\dots,\hat A^{(K)}`."""
-    if not isinstance(k_step, torch.Tensor) or not k_step.is_floating_point() or k_step.dim() < 1:
-        raise TypeError("lambda_average: k_step must be a floating-point torch.Tensor [..., K]")
-    lam = float(lam)
-    if not 0.0 <= lam <= 1.0:
-        raise ValueError(f"lambda_average: lam must lie in [0, 1], got {lam}")
-    K = k_step.shape[-1]
-    k = torch.arange(1, K + 1, dtype=k_step.dtype, device=k_step.device)
-    w = (1.0 - lam) * torch.pow(torch.tensor(lam, dtype=k_step.dtype), k - 1)
-    w[-1] = lam ** (K - 1)
-    return (k_step * w).sum(-1)
-
-
-def _la_no_tail(k_step, lam):
-    K = k_step.shape[-1]
-    k = torch.arange(1, K + 1, dtype=k_step.dtype)
-    w = (1.0 - lam) * torch.pow(torch.tensor(float(lam), dtype=k_step.dtype), k - 1)
-    return (k_step * w).sum(-1)
-
-
-def _la_power_k(k_step, lam):
-    K = k_step.shape[-1]
-    k = torch.arange(1, K + 1, dtype=k_step.dtype)
-    w = (1.0 - lam) * torch.pow(torch.tensor(float(lam), dtype=k_step.dtype), k)
-    w[-1] = lam ** K
-    return (k_step * w).sum(-1)
-
-
-def _la_renormalised(k_step, lam):
-    K = k_step.shape[-1]
-    k = torch.arange(1, K + 1, dtype=k_step.dtype)
-    w = torch.pow(torch.tensor(float(lam), dtype=k_step.dtype), k - 1)
-    return (k_step * w).sum(-1) / w.sum()
-
-
-def _la_plain_mean(k_step, lam):
-    return k_step.mean(-1)
+def _lam_powers(k_step, lam, offset=0):
+    r""":math:`\lambda^{k-1+\text{offset}}` for :math:`k = 1, \dots, K` (``K = k_step.shape[-1]``)."""
+    k = torch.arange(1, k_step.shape[-1] + 1, dtype=k_step.dtype, device=k_step.device)
+    return torch.pow(torch.tensor(float(lam), dtype=k_step.dtype), k - 1 + offset)
 
 
 def _la_cases():
@@ -309,58 +215,44 @@ def _la_cases():
     ]
 
 
-register(Exercise(
-    name="lambda_average",
-    chapter=2,
-    reference=_lambda_average,
-    cases=_la_cases,
-    mistakes=[
-        Mistake(_la_no_tail, "the weights (1-lam) lam^(k-1) stop at k=K and sum to 1 - lam^K, not 1: in "
-                "a finite episode every A^(k) with k >= K equals A^(K), so A^(K) gets the whole tail "
-                "mass lam^(K-1)"),
-        Mistake(_la_power_k, "the exponent is off by one: A^(1) gets weight (1-lam) lam^0 = 1-lam"),
-        Mistake(_la_renormalised, "you renormalised the truncated weights; the tail mass belongs to "
-                "A^(K) (this changes which estimate lam=1 gives)"),
-        Mistake(_la_plain_mean, "a plain mean of the k-step estimates ignores lambda"),
-    ],
-    atol=1e-5,
-    description="The lambda-weighted average of k-step advantages in a finite episode.",
-))
+@exercise(chapter=2, cases=_la_cases, atol=1e-5,
+          description="The lambda-weighted average of k-step advantages in a finite episode.")
+def lambda_average(k_step, lam):
+    r"""Weights :math:`(1-\lambda)\lambda^{k-1}` for :math:`k<K` and the tail :math:`\lambda^{K-1}` on
+    :math:`\hat A^{(K)}`. ``k_step``: ``[..., K]`` holding :math:`\hat A^{(1)},\dots,\hat A^{(K)}`."""
+    V.float_tensor(k_step, "k_step", 1)
+    lam = V.real_in(lam, "lam", 0.0, 1.0)
+    w = (1.0 - lam) * _lam_powers(k_step, lam)
+    w[-1] = lam ** (k_step.shape[-1] - 1)
+    return (k_step * w).sum(-1)
+
+
+@mistake(lambda_average, "the weights (1-lam) lam^(k-1) stop at k=K and sum to 1 - lam^K, not 1: in "
+         "a finite episode every A^(k) with k >= K equals A^(K), so A^(K) gets the whole tail mass lam^(K-1)")
+def _la_no_tail(k_step, lam):
+    return (k_step * ((1.0 - lam) * _lam_powers(k_step, lam))).sum(-1)
+
+
+@mistake(lambda_average, "the exponent is off by one: A^(1) gets weight (1-lam) lam^0 = 1-lam")
+def _la_power_k(k_step, lam):
+    w = (1.0 - lam) * _lam_powers(k_step, lam, offset=1)
+    w[-1] = lam ** k_step.shape[-1]
+    return (k_step * w).sum(-1)
+
+
+@mistake(lambda_average, "you renormalised the truncated weights; the tail mass belongs to "
+         "A^(K) (this changes which estimate lam=1 gives)")
+def _la_renormalised(k_step, lam):
+    w = _lam_powers(k_step, lam)
+    return (k_step * w).sum(-1) / w.sum()
+
+
+@mistake(lambda_average, "a plain mean of the k-step estimates ignores lambda")
+def _la_plain_mean(k_step, lam):
+    return k_step.mean(-1)
 
 
 # ---------------------------------------------------------------- 4. optimal_constant_baseline
-
-def _check_scores(scores, returns, fn: str):
-    if not isinstance(scores, torch.Tensor) or not scores.is_floating_point() or scores.dim() != 2:
-        raise TypeError(f"{fn}: scores must be a floating-point torch.Tensor [N, P]")
-    if not isinstance(returns, torch.Tensor) or returns.shape != scores.shape[:1]:
-        raise ValueError(f"{fn}: returns must be a tensor of shape [{scores.shape[0]}]")
-
-
-def _optimal_constant_baseline(scores, returns):
-    r""":math:`b^\star = \sum_i \|s_i\|^2 G_i / \sum_i \|s_i\|^2`; scores ``[N, P]``, returns ``[N]`` -> 0-dim."""
-    _check_scores(scores, returns, "optimal_constant_baseline")
-    sq = (scores ** 2).sum(-1)
-    return (sq * returns).sum() / sq.sum()
-
-
-def _ocb_mean_return(scores, returns):
-    return returns.mean()
-
-
-def _ocb_unsquared(scores, returns):
-    n = scores.norm(dim=-1)
-    return (n * returns).sum() / n.sum()
-
-
-def _ocb_not_normalised(scores, returns):
-    return ((scores ** 2).sum(-1) * returns).mean()
-
-
-def _ocb_per_parameter(scores, returns):
-    sq = scores ** 2
-    return ((sq * returns[:, None]).sum(0) / sq.sum(0)).mean()
-
 
 def _ocb_cases():
     g = torch.Generator().manual_seed(2004)
@@ -374,21 +266,37 @@ def _ocb_cases():
     ]
 
 
-register(Exercise(
-    name="optimal_constant_baseline",
-    chapter=2,
-    reference=_optimal_constant_baseline,
-    cases=_ocb_cases,
-    mistakes=[
-        Mistake(_ocb_mean_return, "the mean return is the natural guess, but the variance-minimising "
-                "constant weights each return by |grad log pi|^2: b* = E[|s|^2 G] / E[|s|^2]"),
-        Mistake(_ocb_unsquared, "the weights must be the SQUARED norms |s|^2 (the variance is a "
-                "second moment), not |s|"),
-        Mistake(_ocb_not_normalised, "you forgot to divide by E[|s|^2]: setting the derivative of "
-                "E[|s|^2 (G - b)^2] to zero gives b = E[|s|^2 G] / E[|s|^2]"),
-        Mistake(_ocb_per_parameter, "you averaged per-parameter optimal baselines; one constant for "
-                "all parameters weights every parameter by its share of |s|^2"),
-    ],
-    atol=1e-5,
-    description="The constant baseline that minimises the summed variance of the gradient estimate.",
-))
+@exercise(chapter=2, cases=_ocb_cases, atol=1e-5,
+          description="The constant baseline that minimises the summed variance of the gradient estimate.")
+def optimal_constant_baseline(scores, returns):
+    r""":math:`b^\star = \sum_i \|s_i\|^2 G_i / \sum_i \|s_i\|^2`; scores ``[N, P]``, returns ``[N]`` -> 0-dim."""
+    sizes = V.layout("N P", floating=True, scores=scores)
+    V.layout("N", sizes, floating=True, returns=returns)
+    sq = (scores ** 2).sum(-1)
+    return (sq * returns).sum() / sq.sum()
+
+
+@mistake(optimal_constant_baseline, "the mean return is the natural guess, but the variance-minimising "
+         "constant weights each return by |grad log pi|^2: b* = E[|s|^2 G] / E[|s|^2]")
+def _ocb_mean_return(scores, returns):
+    return returns.mean()
+
+
+@mistake(optimal_constant_baseline, "the weights must be the SQUARED norms |s|^2 (the variance is a "
+         "second moment), not |s|")
+def _ocb_unsquared(scores, returns):
+    n = scores.norm(dim=-1)
+    return (n * returns).sum() / n.sum()
+
+
+@mistake(optimal_constant_baseline, "you forgot to divide by E[|s|^2]: setting the derivative of "
+         "E[|s|^2 (G - b)^2] to zero gives b = E[|s|^2 G] / E[|s|^2]")
+def _ocb_not_normalised(scores, returns):
+    return ((scores ** 2).sum(-1) * returns).mean()
+
+
+@mistake(optimal_constant_baseline, "you averaged per-parameter optimal baselines; one constant for "
+         "all parameters weights every parameter by its share of |s|^2")
+def _ocb_per_parameter(scores, returns):
+    sq = scores ** 2
+    return ((sq * returns[:, None]).sum(0) / sq.sum(0)).mean()

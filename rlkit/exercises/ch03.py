@@ -16,45 +16,13 @@ from __future__ import annotations
 
 import torch
 
-from rlkit.exercises import Case, Exercise, Mistake, register
+from rlkit import _validate as V
+from rlkit.exercises import Case, exercise, mistake
 
 __all__: list[str] = []
 
 
-def _check_same(fn: str, **tensors):
-    ref_name, ref = next(iter(tensors.items()))
-    for name, x in tensors.items():
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-            raise TypeError(f"{fn}: {name} must be a floating-point torch.Tensor")
-        if x.dim() < 1 or x.shape != ref.shape:
-            raise ValueError(f"{fn}: {name} must have the shape of {ref_name} {tuple(ref.shape)}, "
-                             f"got {tuple(x.shape)}")
-
-
 # ------------------------------------------------------------ 1. importance_sampling_estimate
-
-def _is_estimate(f_values, logp, logq):
-    r""":math:`\frac1n\sum_i e^{\log p_i - \log q_i} f_i` over the last dimension; ``[..., n] -> [...]``."""
-    _check_same("importance_sampling_estimate", f_values=f_values, logp=logp, logq=logq)
-    return (torch.exp(logp - logq) * f_values).mean(-1)
-
-
-def _is_inverted(f_values, logp, logq):
-    return (torch.exp(logq - logp) * f_values).mean(-1)
-
-
-def _is_self_normalised(f_values, logp, logq):
-    w = torch.softmax(logp - logq, dim=-1)
-    return (w * f_values).sum(-1)
-
-
-def _is_exp_then_divide(f_values, logp, logq):
-    return (torch.exp(logp) / torch.exp(logq) * f_values).mean(-1)
-
-
-def _is_forgot_f(f_values, logp, logq):
-    return torch.exp(logp - logq).mean(-1)
-
 
 def _is_cases():
     g = torch.Generator().manual_seed(3001)
@@ -73,52 +41,38 @@ def _is_cases():
     ]
 
 
-register(Exercise(
-    name="importance_sampling_estimate",
-    chapter=3,
-    reference=_is_estimate,
-    cases=_is_cases,
-    mistakes=[
-        Mistake(_is_inverted, "the ratio is upside down: the weight is p/q (target over sampling "
-                "distribution), exp(logp - logq)"),
-        Mistake(_is_self_normalised, "you self-normalised the weights (divided by their sum): that "
-                "is a different, slightly biased estimator; the ordinary estimate divides by n"),
-        Mistake(_is_exp_then_divide, "exp(logp) / exp(logq) underflows to 0/0 = NaN for log-probabilities "
-                "like -1000: subtract the logs first, exp(logp - logq)"),
-        Mistake(_is_forgot_f, "f is missing: you averaged the weights alone (which estimates 1)"),
-    ],
-    atol=1e-6,
-    description="Ordinary importance-sampling estimate computed from log-probabilities.",
-))
+@exercise(chapter=3, cases=_is_cases,
+          description="Ordinary importance-sampling estimate computed from log-probabilities.")
+def importance_sampling_estimate(f_values, logp, logq):
+    r""":math:`\frac1n\sum_i e^{\log p_i - \log q_i} f_i` over the last dimension; ``[..., n] -> [...]``."""
+    V.matching_floats(f_values=f_values, logp=logp, logq=logq)
+    return (torch.exp(logp - logq) * f_values).mean(-1)
+
+
+@mistake(importance_sampling_estimate, "the ratio is upside down: the weight is p/q (target over sampling "
+         "distribution), exp(logp - logq)")
+def _is_inverted(f_values, logp, logq):
+    return importance_sampling_estimate(f_values, logq, logp)
+
+
+@mistake(importance_sampling_estimate, "you self-normalised the weights (divided by their sum): that "
+         "is a different, slightly biased estimator; the ordinary estimate divides by n")
+def _is_self_normalised(f_values, logp, logq):
+    return (torch.softmax(logp - logq, dim=-1) * f_values).sum(-1)
+
+
+@mistake(importance_sampling_estimate, "exp(logp) / exp(logq) underflows to 0/0 = NaN for log-probabilities "
+         "like -1000: subtract the logs first, exp(logp - logq)")
+def _is_exp_then_divide(f_values, logp, logq):
+    return (torch.exp(logp) / torch.exp(logq) * f_values).mean(-1)
+
+
+@mistake(importance_sampling_estimate, "f is missing: you averaged the weights alone (which estimates 1)")
+def _is_forgot_f(f_values, logp, logq):
+    return torch.exp(logp - logq).mean(-1)
 
 
 # ------------------------------------------------------------------- 2. chi_square_divergence
-
-def _chi_square(logits_p, logits_q):
-    r""":math:`\sum_x p^2/q - 1` with :math:`p, q` = softmax of the logits; ``[..., K] -> [...]``."""
-    _check_same("chi_square_divergence", logits_p=logits_p, logits_q=logits_q)
-    lp = torch.log_softmax(logits_p, dim=-1)
-    lq = torch.log_softmax(logits_q, dim=-1)
-    return torch.exp(torch.logsumexp(2 * lp - lq, dim=-1)) - 1.0
-
-
-def _chi_swapped(logits_p, logits_q):
-    return _chi_square(logits_q, logits_p)
-
-
-def _chi_no_minus_one(logits_p, logits_q):
-    return _chi_square(logits_p, logits_q) + 1.0
-
-
-def _chi_kl(logits_p, logits_q):
-    lp = torch.log_softmax(logits_p, dim=-1)
-    lq = torch.log_softmax(logits_q, dim=-1)
-    return (lp.exp() * (lp - lq)).sum(-1)
-
-
-def _chi_unnormalised(logits_p, logits_q):
-    return (torch.exp(2 * logits_p - logits_q)).sum(-1) - 1.0
-
 
 def _chi_cases():
     g = torch.Generator().manual_seed(3002)
@@ -132,52 +86,41 @@ def _chi_cases():
     ]
 
 
-register(Exercise(
-    name="chi_square_divergence",
-    chapter=3,
-    reference=_chi_square,
-    cases=_chi_cases,
-    mistakes=[
-        Mistake(_chi_swapped, "p and q are swapped: the variance of w = p/q under q is "
-                "sum p^2/q - 1 (the sampling distribution q is in the denominator)"),
-        Mistake(_chi_no_minus_one, "you returned E_q[w^2] = sum p^2/q; the variance subtracts "
-                "(E_q[w])^2 = 1"),
-        Mistake(_chi_kl, "this is KL(p || q); the variance of the weight is the chi-square divergence"),
-        Mistake(_chi_unnormalised, "the logits were used as log-probabilities without normalising "
-                "(log_softmax) them first"),
-    ],
-    atol=1e-6,
-    description="Chi-square divergence between categoricals = variance of the importance weight.",
-))
+@exercise(chapter=3, cases=_chi_cases,
+          description="Chi-square divergence between categoricals = variance of the importance weight.")
+def chi_square_divergence(logits_p, logits_q):
+    r""":math:`\sum_x p^2/q - 1` with :math:`p, q` = softmax of the logits; ``[..., K] -> [...]``."""
+    V.matching_floats(logits_p=logits_p, logits_q=logits_q)
+    lp = torch.log_softmax(logits_p, dim=-1)
+    lq = torch.log_softmax(logits_q, dim=-1)
+    return torch.exp(torch.logsumexp(2 * lp - lq, dim=-1)) - 1.0
+
+
+@mistake(chi_square_divergence, "p and q are swapped: the variance of w = p/q under q is "
+         "sum p^2/q - 1 (the sampling distribution q is in the denominator)")
+def _chi_swapped(logits_p, logits_q):
+    return chi_square_divergence(logits_q, logits_p)
+
+
+@mistake(chi_square_divergence, "you returned E_q[w^2] = sum p^2/q; the variance subtracts "
+         "(E_q[w])^2 = 1")
+def _chi_no_minus_one(logits_p, logits_q):
+    return chi_square_divergence(logits_p, logits_q) + 1.0
+
+
+@mistake(chi_square_divergence, "this is KL(p || q); the variance of the weight is the chi-square divergence")
+def _chi_kl(logits_p, logits_q):
+    lp = torch.log_softmax(logits_p, dim=-1)
+    return (lp.exp() * (lp - torch.log_softmax(logits_q, dim=-1))).sum(-1)
+
+
+@mistake(chi_square_divergence, "the logits were used as log-probabilities without normalising "
+         "(log_softmax) them first")
+def _chi_unnormalised(logits_p, logits_q):
+    return (torch.exp(2 * logits_p - logits_q)).sum(-1) - 1.0
 
 
 # ------------------------------------------------------------------- 3. ess_from_log_weights
-
-def _ess(log_w):
-    r""":math:`\exp(2\,\mathrm{LSE}(\ell) - \mathrm{LSE}(2\ell))` over the last dim; ``[..., n] -> [...]``."""
-    if not isinstance(log_w, torch.Tensor) or not log_w.is_floating_point() or log_w.dim() < 1:
-        raise TypeError("ess_from_log_weights: log_w must be a floating-point torch.Tensor [..., n]")
-    return torch.exp(2 * torch.logsumexp(log_w, -1) - torch.logsumexp(2 * log_w, -1))
-
-
-def _ess_naive(log_w):
-    w = torch.exp(log_w)
-    return w.sum(-1) ** 2 / (w ** 2).sum(-1)
-
-
-def _ess_inverted(log_w):
-    return 1.0 / _ess(log_w)
-
-
-def _ess_fraction(log_w):
-    return _ess(log_w) / log_w.shape[-1]
-
-
-def _ess_unnormalised(log_w):
-    # n / E[w^2], the large-n formula for weights of mean 1, applied to raw weights
-    w = torch.exp(log_w - log_w.max(-1, keepdim=True).values)
-    return log_w.shape[-1] / (w ** 2).mean(-1)
-
 
 def _ess_cases():
     g = torch.Generator().manual_seed(3003)
@@ -190,57 +133,40 @@ def _ess_cases():
     ]
 
 
-register(Exercise(
-    name="ess_from_log_weights",
-    chapter=3,
-    reference=_ess,
-    cases=_ess_cases,
-    mistakes=[
-        Mistake(_ess_naive, "exp(log_w) overflows to inf (or underflows to 0) for large log-weights: "
-                "stay in log space, ESS = exp(2 logsumexp(l) - logsumexp(2 l))"),
-        Mistake(_ess_inverted, "the fraction is upside down: ESS = (sum w)^2 / sum w^2, which lies "
-                "between 1 and n"),
-        Mistake(_ess_fraction, "you divided by n: that is the ESS *fraction*; return the ESS itself"),
-        Mistake(_ess_unnormalised, "n / mean(w^2) assumes the weights have mean 1; Kish's formula "
-                "(sum w)^2 / sum w^2 does not depend on their scale"),
-    ],
-    atol=1e-6,
-    rtol=1e-5,
-    description="Kish's effective sample size from log-weights.",
-))
+@exercise(chapter=3, cases=_ess_cases, rtol=1e-5, description="Kish's effective sample size from log-weights.")
+def ess_from_log_weights(log_w):
+    r""":math:`\exp(2\,\mathrm{LSE}(\ell) - \mathrm{LSE}(2\ell))` over the last dim; ``[..., n] -> [...]``."""
+    V.float_tensor(log_w, "log_w", 1)
+    return torch.exp(2 * torch.logsumexp(log_w, -1) - torch.logsumexp(2 * log_w, -1))
+
+
+@mistake(ess_from_log_weights, "exp(log_w) overflows to inf (or underflows to 0) for large log-weights: "
+         "stay in log space, ESS = exp(2 logsumexp(l) - logsumexp(2 l))")
+def _ess_naive(log_w):
+    w = torch.exp(log_w)
+    return w.sum(-1) ** 2 / (w ** 2).sum(-1)
+
+
+@mistake(ess_from_log_weights, "the fraction is upside down: ESS = (sum w)^2 / sum w^2, which lies "
+         "between 1 and n")
+def _ess_inverted(log_w):
+    return 1.0 / ess_from_log_weights(log_w)
+
+
+@mistake(ess_from_log_weights, "you divided by n: that is the ESS *fraction*; return the ESS itself")
+def _ess_fraction(log_w):
+    return ess_from_log_weights(log_w) / log_w.shape[-1]
+
+
+@mistake(ess_from_log_weights, "n / mean(w^2) assumes the weights have mean 1; Kish's formula "
+         "(sum w)^2 / sum w^2 does not depend on their scale")
+def _ess_unnormalised(log_w):
+    # n / E[w^2], the large-n formula for weights of mean 1, applied to raw weights
+    w = torch.exp(log_w - log_w.max(-1, keepdim=True).values)
+    return log_w.shape[-1] / (w ** 2).mean(-1)
 
 
 # ------------------------------------------------------------------- 4. geometric_mean_ratio
-
-def _geo(logp_new, logp_old, mask):
-    r""":math:`\exp\big(\sum_t m_t \ell_t / \max(1, \sum_t m_t)\big)`, :math:`\ell = \log\pi_{new} - \log\pi_{old}`;
-    ``[B, T] -> [B]``."""
-    _check_same("geometric_mean_ratio", logp_new=logp_new, logp_old=logp_old)
-    if not isinstance(mask, torch.Tensor) or mask.shape != logp_new.shape:
-        raise ValueError("geometric_mean_ratio: mask must be a tensor with the shape of logp_new")
-    m = mask.to(logp_new.dtype)
-    lr = torch.where(m > 0, logp_new - logp_old, torch.zeros_like(logp_new))
-    return torch.exp(lr.sum(-1) / m.sum(-1).clamp(min=1.0))
-
-
-def _geo_no_mask(logp_new, logp_old, mask):
-    return torch.exp((logp_new - logp_old).mean(-1))
-
-
-def _geo_divide_by_T(logp_new, logp_old, mask):
-    m = mask.to(logp_new.dtype)
-    return torch.exp((m * (logp_new - logp_old)).sum(-1) / logp_new.shape[-1])
-
-
-def _geo_arithmetic(logp_new, logp_old, mask):
-    m = mask.to(logp_new.dtype)
-    return (m * torch.exp(logp_new - logp_old)).sum(-1) / m.sum(-1).clamp(min=1.0)
-
-
-def _geo_product(logp_new, logp_old, mask):
-    m = mask.to(logp_new.dtype)
-    return torch.exp((m * (logp_new - logp_old)).sum(-1))
-
 
 def _geo_cases():
     g = torch.Generator().manual_seed(3004)
@@ -260,20 +186,35 @@ def _geo_cases():
     ]
 
 
-register(Exercise(
-    name="geometric_mean_ratio",
-    chapter=3,
-    reference=_geo,
-    cases=_geo_cases,
-    mistakes=[
-        Mistake(_geo_no_mask, "the mask is ignored: padding tokens enter the average"),
-        Mistake(_geo_divide_by_T, "you divided by the padded length T instead of the response length "
-                "sum(mask): short responses get ratios pulled towards 1"),
-        Mistake(_geo_arithmetic, "this is the arithmetic mean of the token ratios; GSPO uses the "
-                "geometric mean, the exp of the mean log-ratio"),
-        Mistake(_geo_product, "this is the full sequence ratio (the product); the geometric mean takes "
-                "its |y|-th root"),
-    ],
-    atol=1e-6,
-    description="GSPO's length-normalised (geometric-mean) sequence ratio.",
-))
+@exercise(chapter=3, cases=_geo_cases, description="GSPO's length-normalised (geometric-mean) sequence ratio.")
+def geometric_mean_ratio(logp_new, logp_old, mask):
+    r""":math:`\exp\big(\sum_t m_t \ell_t / \max(1, \sum_t m_t)\big)`, :math:`\ell = \log\pi_{new} - \log\pi_{old}`;
+    ``[B, T] -> [B]``."""
+    V.matching_floats(logp_new=logp_new, logp_old=logp_old)
+    m = V.check_mask(mask, logp_new, "logp_new")
+    lr = torch.where(m > 0, logp_new - logp_old, torch.zeros_like(logp_new))
+    return torch.exp(lr.sum(-1) / m.sum(-1).clamp(min=1.0))
+
+
+@mistake(geometric_mean_ratio, "the mask is ignored: padding tokens enter the average")
+def _geo_no_mask(logp_new, logp_old, mask):
+    return torch.exp((logp_new - logp_old).mean(-1))
+
+
+@mistake(geometric_mean_ratio, "you divided by the padded length T instead of the response length "
+         "sum(mask): short responses get ratios pulled towards 1")
+def _geo_divide_by_T(logp_new, logp_old, mask):
+    return torch.exp((mask.to(logp_new.dtype) * (logp_new - logp_old)).sum(-1) / logp_new.shape[-1])
+
+
+@mistake(geometric_mean_ratio, "this is the arithmetic mean of the token ratios; GSPO uses the "
+         "geometric mean, the exp of the mean log-ratio")
+def _geo_arithmetic(logp_new, logp_old, mask):
+    m = mask.to(logp_new.dtype)
+    return (m * torch.exp(logp_new - logp_old)).sum(-1) / m.sum(-1).clamp(min=1.0)
+
+
+@mistake(geometric_mean_ratio, "this is the full sequence ratio (the product); the geometric mean takes "
+         "its |y|-th root")
+def _geo_product(logp_new, logp_old, mask):
+    return torch.exp((mask.to(logp_new.dtype) * (logp_new - logp_old)).sum(-1))

@@ -14,66 +14,17 @@ r"""Checkers for the exercises of chapter 4, ``lessons/04_kl_trpo_ppo.ipynb``.
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 
-from rlkit.exercises import Case, Exercise, Mistake, register
+from rlkit import _validate as V
+from rlkit.exercises import Case, exercise, mistake
 
 __all__: list[str] = []
 F64 = torch.float64
 
 
-def _float_tensor(fn, name, x, min_dim=0):
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        raise TypeError(f"{fn}: {name} must be a floating-point torch.Tensor")
-    if x.dim() < min_dim:
-        raise ValueError(f"{fn}: {name} must have at least {min_dim} dimension(s), got shape {tuple(x.shape)}")
-
-
-def _same_shape(fn, a_name, a, b_name, b):
-    if tuple(a.shape) != tuple(b.shape):
-        raise ValueError(f"{fn}: {b_name} has shape {tuple(b.shape)}, expected the shape of {a_name} "
-                         f"{tuple(a.shape)}")
-
-
-def _positive(fn, name, x):
-    if isinstance(x, bool) or not isinstance(x, numbers.Real) or not math.isfinite(x) or x <= 0:
-        raise ValueError(f"{fn}: {name} must be a positive finite number, got {x!r}")
-
-
 # --------------------------------------------------------------------------- 1. categorical_kl
-
-def _categorical_kl(logits_p, logits_q):
-    r""":math:`\sum_a p_a(\log p_a - \log q_a)` over the last dim, terms with :math:`p_a = 0` are 0."""
-    _float_tensor("categorical_kl", "logits_p", logits_p, 1)
-    _float_tensor("categorical_kl", "logits_q", logits_q, 1)
-    _same_shape("categorical_kl", "logits_p", logits_p, "logits_q", logits_q)
-    lp, lq = torch.log_softmax(logits_p, -1), torch.log_softmax(logits_q, -1)
-    p = lp.exp()
-    diff = torch.where(p > 0, lp - lq, torch.zeros((), dtype=lp.dtype))
-    return (p * diff).sum(-1)
-
-
-def _kl_reversed(logits_p, logits_q):
-    return _categorical_kl(logits_q, logits_p)
-
-
-def _kl_cross_entropy(logits_p, logits_q):
-    p = torch.softmax(logits_p, -1)
-    lq = torch.log_softmax(logits_q, -1)
-    return -(torch.where(p > 0, p * lq, torch.zeros((), dtype=lq.dtype))).sum(-1)
-
-
-def _kl_nan_at_zero(logits_p, logits_q):
-    p, q = torch.softmax(logits_p, -1), torch.softmax(logits_q, -1)
-    return (p * (torch.log(p) - torch.log(q))).sum(-1)
-
-
-def _kl_unweighted(logits_p, logits_q):
-    lp, lq = torch.log_softmax(logits_p, -1), torch.log_softmax(logits_q, -1)
-    return (lp - lq).mean(-1)
-
 
 def _kl_cases():
     g = torch.Generator().manual_seed(401)
@@ -90,57 +41,46 @@ def _kl_cases():
     ]
 
 
-register(Exercise(
-    name="categorical_kl",
-    chapter=4,
-    reference=_categorical_kl,
-    cases=_kl_cases,
-    mistakes=[
-        Mistake(_kl_reversed, "you computed KL(q || p): the expectation must be under p, the first argument "
-                              "(KL is not symmetric)"),
-        Mistake(_kl_cross_entropy, "you computed the cross-entropy H(p, q) = -sum p log q, which is "
-                                   "H(p) + KL(p || q): subtract the entropy H(p) (that entropy term is why a "
-                                   "cross-entropy threshold drifts during training)"),
-        Mistake(_kl_nan_at_zero, "log(softmax(...)) of a zero probability is -inf, and 0 * (-inf) is NaN: use "
-                                 "log_softmax and give the terms with p_a = 0 the value 0"),
-        Mistake(_kl_unweighted, "you averaged log p - log q over actions with equal weights; KL weights each "
-                                "action by p_a and sums"),
-    ],
-    atol=1e-5,
-    description="exact KL between categorical distributions given by logits",
-))
+@exercise(chapter=4, cases=_kl_cases, atol=1e-5,
+          description="exact KL between categorical distributions given by logits")
+def categorical_kl(logits_p, logits_q):
+    r""":math:`\sum_a p_a(\log p_a - \log q_a)` over the last dim, terms with :math:`p_a = 0` are 0."""
+    V.matching_floats(logits_p=logits_p, logits_q=logits_q)
+    lp, lq = torch.log_softmax(logits_p, -1), torch.log_softmax(logits_q, -1)
+    p = lp.exp()
+    diff = torch.where(p > 0, lp - lq, torch.zeros((), dtype=lp.dtype))
+    return (p * diff).sum(-1)
+
+
+@mistake(categorical_kl, "you computed KL(q || p): the expectation must be under p, the first argument "
+         "(KL is not symmetric)")
+def _kl_reversed(logits_p, logits_q):
+    return categorical_kl(logits_q, logits_p)
+
+
+@mistake(categorical_kl, "you computed the cross-entropy H(p, q) = -sum p log q, which is "
+         "H(p) + KL(p || q): subtract the entropy H(p) (that entropy term is why a "
+         "cross-entropy threshold drifts during training)")
+def _kl_cross_entropy(logits_p, logits_q):
+    p = torch.softmax(logits_p, -1)
+    lq = torch.log_softmax(logits_q, -1)
+    return -(torch.where(p > 0, p * lq, torch.zeros((), dtype=lq.dtype))).sum(-1)
+
+
+@mistake(categorical_kl, "log(softmax(...)) of a zero probability is -inf, and 0 * (-inf) is NaN: use "
+         "log_softmax and give the terms with p_a = 0 the value 0")
+def _kl_nan_at_zero(logits_p, logits_q):
+    p, q = torch.softmax(logits_p, -1), torch.softmax(logits_q, -1)
+    return (p * (torch.log(p) - torch.log(q))).sum(-1)
+
+
+@mistake(categorical_kl, "you averaged log p - log q over actions with equal weights; KL weights each "
+         "action by p_a and sums")
+def _kl_unweighted(logits_p, logits_q):
+    return (torch.log_softmax(logits_p, -1) - torch.log_softmax(logits_q, -1)).mean(-1)
 
 
 # --------------------------------------------------------------------------- 2. kl_estimators
-
-def _kl_estimators(logp, logq):
-    r"""Per-sample :math:`(k_1, k_2, k_3)` with :math:`\ell = \log q - \log p`."""
-    _float_tensor("kl_estimators", "logp", logp)
-    _float_tensor("kl_estimators", "logq", logq)
-    _same_shape("kl_estimators", "logp", logp, "logq", logq)
-    lr = logq - logp
-    return -lr, 0.5 * lr * lr, torch.expm1(lr) - lr
-
-
-def _est_k1_sign(logp, logq):
-    k1, k2, k3 = _kl_estimators(logp, logq)
-    return -k1, k2, k3
-
-
-def _est_k2_no_half(logp, logq):
-    k1, k2, k3 = _kl_estimators(logp, logq)
-    return k1, 2 * k2, k3
-
-
-def _est_k3_wrong_ratio(logp, logq):
-    lr = logp - logq
-    return lr, 0.5 * lr * lr, torch.expm1(lr) - lr
-
-
-def _est_k3_plus(logp, logq):
-    lr = logq - logp
-    return -lr, 0.5 * lr * lr, torch.expm1(lr) + lr
-
 
 def _est_cases():
     g = torch.Generator().manual_seed(402)
@@ -153,65 +93,45 @@ def _est_cases():
     ]
 
 
-register(Exercise(
-    name="kl_estimators",
-    chapter=4,
-    reference=_kl_estimators,
-    cases=_est_cases,
-    mistakes=[
-        Mistake(_est_k1_sign, "k1 has the wrong sign: with samples from p, k1 = log p - log q = -(log q - log p)"),
-        Mistake(_est_k2_no_half, "k2 is half the squared log-ratio, (log q - log p)^2 / 2"),
-        Mistake(_est_k3_wrong_ratio, "the ratio is the wrong way round: the log-ratio is l = log q - log p "
-                                     "(the other distribution over the sampling one), so that E_p[e^l] = 1"),
-        Mistake(_est_k3_plus, "k3 is e^l - 1 - l (minus l): it is the gap between e^l and its tangent 1 + l, "
-                              "hence never negative"),
-    ],
-    atol=1e-5,
-    description="k1, k2, k3 estimators of KL(p || q) from samples of p",
-))
+@exercise(chapter=4, cases=_est_cases, atol=1e-5, description="k1, k2, k3 estimators of KL(p || q) from samples of p")
+def kl_estimators(logp, logq):
+    r"""Per-sample :math:`(k_1, k_2, k_3)` with :math:`\ell = \log q - \log p`."""
+    V.matching_floats(min_dim=0, logp=logp, logq=logq)
+    lr = logq - logp
+    return -lr, 0.5 * lr * lr, torch.expm1(lr) - lr
+
+
+@mistake(kl_estimators, "k1 has the wrong sign: with samples from p, k1 = log p - log q = -(log q - log p)")
+def _est_k1_sign(logp, logq):
+    k1, k2, k3 = kl_estimators(logp, logq)
+    return -k1, k2, k3
+
+
+@mistake(kl_estimators, "k2 is half the squared log-ratio, (log q - log p)^2 / 2")
+def _est_k2_no_half(logp, logq):
+    k1, k2, k3 = kl_estimators(logp, logq)
+    return k1, 2 * k2, k3
+
+
+@mistake(kl_estimators, "the ratio is the wrong way round: the log-ratio is l = log q - log p "
+         "(the other distribution over the sampling one), so that E_p[e^l] = 1")
+def _est_k3_wrong_ratio(logp, logq):
+    k1, k2, k3 = kl_estimators(logq, logp)
+    return -k1, k2, k3
+
+
+@mistake(kl_estimators, "k3 is e^l - 1 - l (minus l): it is the gap between e^l and its tangent 1 + l, "
+         "hence never negative")
+def _est_k3_plus(logp, logq):
+    k1, k2, k3 = kl_estimators(logp, logq)
+    return k1, k2, k3 - 2 * k1
 
 
 # --------------------------------------------------------------------------- 3. adaptive_kl_beta
 
-def _check_beta_args(beta, kl, target):
-    _positive("adaptive_kl_beta", "beta", beta)
-    if isinstance(kl, bool) or not isinstance(kl, numbers.Real) or not math.isfinite(kl) or kl < 0:
-        raise ValueError(f"adaptive_kl_beta: kl must be a finite number >= 0, got {kl!r}")
-    _positive("adaptive_kl_beta", "target", target)
-
-
-def _adaptive_kl_beta(beta, kl, target):
-    r"""PPO paper: :math:`\beta \times 2` if :math:`d > 1.5 d_{targ}`; :math:`/2` if :math:`d < d_{targ}/1.5`."""
-    _check_beta_args(beta, kl, target)
-    if kl > 1.5 * target:
-        return 2.0 * beta
-    if kl < target / 1.5:
-        return beta / 2.0
-    return float(beta)
-
-
-def _beta_article(beta, kl, target):
-    if kl > 1.5 * target:
-        return 2.0 * beta
-    if kl < 0.5 * target:
-        return beta / 2.0
-    return float(beta)
-
-
-def _beta_inverted(beta, kl, target):
-    if kl > 1.5 * target:
-        return beta / 2.0
-    if kl < target / 1.5:
-        return 2.0 * beta
-    return float(beta)
-
-
-def _beta_times_15(beta, kl, target):
-    if kl > 1.5 * target:
-        return 1.5 * beta
-    if kl < target / 1.5:
-        return beta / 1.5
-    return float(beta)
+def _band(kl, target, low_divisor=1.5):
+    r"""+1 above :math:`1.5\,d_{targ}`, -1 below :math:`d_{targ}` / ``low_divisor``, 0 in between."""
+    return (kl > 1.5 * target) - (kl < target / low_divisor)
 
 
 def _beta_cases():
@@ -226,63 +146,38 @@ def _beta_cases():
     ]
 
 
-register(Exercise(
-    name="adaptive_kl_beta",
-    chapter=4,
-    reference=_adaptive_kl_beta,
-    cases=_beta_cases,
-    mistakes=[
-        Mistake(_beta_article, "you relax beta only below 0.5 x target: that is the article's rule; the PPO "
-                               "paper (and this book) halves beta below target / 1.5, a band symmetric in log KL"),
-        Mistake(_beta_inverted, "the directions are swapped: a KL above target needs a LARGER penalty "
-                                "(beta x 2), a KL below target a smaller one"),
-        Mistake(_beta_times_15, "the band edges are 1.5 x target and target / 1.5, but beta itself moves by a "
-                                "factor of 2"),
-    ],
-    atol=1e-12,
-    description="one update of PPO's adaptive KL-penalty coefficient",
-))
+@exercise(chapter=4, cases=_beta_cases, atol=1e-12, description="one update of PPO's adaptive KL-penalty coefficient")
+def adaptive_kl_beta(beta, kl, target):
+    r"""PPO paper: :math:`\beta \times 2` if :math:`d > 1.5 d_{targ}`; :math:`/2` if :math:`d < d_{targ}/1.5`."""
+    beta = V.real_in(beta, "beta", 0.0, lo_open=True)
+    kl = V.real_in(kl, "kl", 0.0)
+    target = V.real_in(target, "target", 0.0, lo_open=True)
+    if kl > 1.5 * target:
+        return 2.0 * beta
+    if kl < target / 1.5:
+        return beta / 2.0
+    return beta
+
+
+@mistake(adaptive_kl_beta, "you relax beta only below 0.5 x target: that is the article's rule; the PPO "
+         "paper (and this book) halves beta below target / 1.5, a band symmetric in log KL")
+def _beta_article(beta, kl, target):
+    return beta * 2.0 ** _band(kl, target, low_divisor=2.0)
+
+
+@mistake(adaptive_kl_beta, "the directions are swapped: a KL above target needs a LARGER penalty "
+         "(beta x 2), a KL below target a smaller one")
+def _beta_inverted(beta, kl, target):
+    return beta * 2.0 ** -_band(kl, target)
+
+
+@mistake(adaptive_kl_beta, "the band edges are 1.5 x target and target / 1.5, but beta itself moves by a "
+         "factor of 2")
+def _beta_times_15(beta, kl, target):
+    return beta * 1.5 ** _band(kl, target)
 
 
 # --------------------------------------------------------------------------- 4. clipped_surrogate_loss
-
-def _check_surrogate_args(logp_new, logp_old, advantages, eps):
-    fn = "clipped_surrogate_loss"
-    _float_tensor(fn, "logp_new", logp_new)
-    _float_tensor(fn, "logp_old", logp_old)
-    _float_tensor(fn, "advantages", advantages)
-    _same_shape(fn, "logp_new", logp_new, "logp_old", logp_old)
-    _same_shape(fn, "logp_new", logp_new, "advantages", advantages)
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not 0 < eps < 1:
-        raise ValueError(f"{fn}: eps must lie in (0, 1), got {eps!r}")
-
-
-def _clipped_surrogate_loss(logp_new, logp_old, advantages, eps):
-    r""":math:`-\min(r\hat A, \mathrm{clip}(r, 1-\epsilon, 1+\epsilon)\hat A)`, :math:`r = e^{\log\pi - \log\pi_{old}}`."""
-    _check_surrogate_args(logp_new, logp_old, advantages, eps)
-    ratio = torch.exp(logp_new - logp_old)
-    return -torch.minimum(ratio * advantages, ratio.clamp(1 - eps, 1 + eps) * advantages)
-
-
-def _sur_no_min(logp_new, logp_old, advantages, eps):
-    ratio = torch.exp(logp_new - logp_old)
-    return -ratio.clamp(1 - eps, 1 + eps) * advantages
-
-
-def _sur_max(logp_new, logp_old, advantages, eps):
-    ratio = torch.exp(logp_new - logp_old)
-    return -torch.maximum(ratio * advantages, ratio.clamp(1 - eps, 1 + eps) * advantages)
-
-
-def _sur_ratio_of_logs(logp_new, logp_old, advantages, eps):
-    ratio = logp_new / logp_old
-    return -torch.minimum(ratio * advantages, ratio.clamp(1 - eps, 1 + eps) * advantages)
-
-
-def _sur_clip_advantage(logp_new, logp_old, advantages, eps):
-    ratio = torch.exp(logp_new - logp_old)
-    return -torch.minimum(ratio * advantages, ratio * advantages.clamp(1 - eps, 1 + eps))
-
 
 def _sur_cases():
     g = torch.Generator().manual_seed(404)
@@ -299,51 +194,43 @@ def _sur_cases():
     ]
 
 
-register(Exercise(
-    name="clipped_surrogate_loss",
-    chapter=4,
-    reference=_clipped_surrogate_loss,
-    cases=_sur_cases,
-    mistakes=[
-        Mistake(_sur_no_min, "you dropped the min: -clip(r) A alone is not pessimistic (for A < 0 and r > 1 + eps "
-                             "it would stop pushing the bad action down); keep min(r A, clip(r) A)"),
-        Mistake(_sur_max, "you took the max of the two objectives (the optimistic one); PPO takes the min of the "
-                          "objectives, i.e. the max of the two losses"),
-        Mistake(_sur_ratio_of_logs, "the ratio is pi_new / pi_old = exp(logp_new - logp_old), not "
-                                    "logp_new / logp_old"),
-        Mistake(_sur_clip_advantage, "clip the ratio r to [1 - eps, 1 + eps], not the advantage"),
-    ],
-    atol=1e-5,
-    description="PPO-clip's per-sample loss",
-))
+@exercise(chapter=4, cases=_sur_cases, atol=1e-5, description="PPO-clip's per-sample loss")
+def clipped_surrogate_loss(logp_new, logp_old, advantages, eps):
+    r""":math:`-\min(r\hat A, \mathrm{clip}(r, 1-\epsilon, 1+\epsilon)\hat A)`,
+    :math:`r = e^{\log\pi - \log\pi_{old}}`."""
+    V.matching_floats(min_dim=0, logp_new=logp_new, logp_old=logp_old, advantages=advantages)
+    eps = V.real_in(eps, "eps", 0.0, 1.0, lo_open=True, hi_open=True)
+    ratio = torch.exp(logp_new - logp_old)
+    return -torch.minimum(ratio * advantages, ratio.clamp(1 - eps, 1 + eps) * advantages)
+
+
+@mistake(clipped_surrogate_loss, "you dropped the min: -clip(r) A alone is not pessimistic (for A < 0 and "
+         "r > 1 + eps it would stop pushing the bad action down); keep min(r A, clip(r) A)")
+def _sur_no_min(logp_new, logp_old, advantages, eps):
+    return -torch.exp(logp_new - logp_old).clamp(1 - eps, 1 + eps) * advantages
+
+
+@mistake(clipped_surrogate_loss, "you took the max of the two objectives (the optimistic one); PPO takes the "
+         "min of the objectives, i.e. the max of the two losses")
+def _sur_max(logp_new, logp_old, advantages, eps):
+    # -max(rA, clip(r)A) = min(-rA, -clip(r)A): minus the reference on the negated advantages
+    return -clipped_surrogate_loss(logp_new, logp_old, -advantages, eps)
+
+
+@mistake(clipped_surrogate_loss, "the ratio is pi_new / pi_old = exp(logp_new - logp_old), not "
+         "logp_new / logp_old")
+def _sur_ratio_of_logs(logp_new, logp_old, advantages, eps):
+    ratio = logp_new / logp_old
+    return -torch.minimum(ratio * advantages, ratio.clamp(1 - eps, 1 + eps) * advantages)
+
+
+@mistake(clipped_surrogate_loss, "clip the ratio r to [1 - eps, 1 + eps], not the advantage")
+def _sur_clip_advantage(logp_new, logp_old, advantages, eps):
+    ratio = torch.exp(logp_new - logp_old)
+    return -torch.minimum(ratio * advantages, ratio * advantages.clamp(1 - eps, 1 + eps))
 
 
 # --------------------------------------------------------------------------- 5. natural_step
-
-def _check_step_args(s, Fs, delta):
-    _float_tensor("natural_step", "s", s, 1)
-    _float_tensor("natural_step", "Fs", Fs, 1)
-    _same_shape("natural_step", "s", s, "Fs", Fs)
-    _positive("natural_step", "delta", delta)
-
-
-def _natural_step(s, Fs, delta):
-    r""":math:`\Delta = \sqrt{2\delta / s^\top F s}\; s`, so that :math:`\tfrac12\Delta^\top F\Delta = \delta`."""
-    _check_step_args(s, Fs, delta)
-    return torch.sqrt(2 * delta / (s * Fs).sum()) * s
-
-
-def _step_no_two(s, Fs, delta):
-    return torch.sqrt(delta / (s * Fs).sum()) * s
-
-
-def _step_no_sqrt(s, Fs, delta):
-    return (2 * delta / (s * Fs).sum()) * s
-
-
-def _step_unit_norm(s, Fs, delta):
-    return math.sqrt(2 * delta) * s / s.norm()
-
 
 def _step_cases():
     g = torch.Generator().manual_seed(405)
@@ -359,19 +246,28 @@ def _step_cases():
     ]
 
 
-register(Exercise(
-    name="natural_step",
-    chapter=4,
-    reference=_natural_step,
-    cases=_step_cases,
-    mistakes=[
-        Mistake(_step_no_two, "the quadratic model of the KL is (1/2) D^T F D; setting it to delta gives "
-                              "sqrt(2 delta / s^T F s), you dropped the 2"),
-        Mistake(_step_no_sqrt, "the KL is quadratic in the step length, so the scale is a square root: "
-                               "sqrt(2 delta / s^T F s)"),
-        Mistake(_step_unit_norm, "you normalised the Euclidean length of s; the trust region is measured by "
-                                 "the KL, i.e. in the metric F: divide by sqrt(s^T F s)"),
-    ],
-    atol=1e-6,
-    description="TRPO's step to the KL boundary along the natural-gradient direction",
-))
+@exercise(chapter=4, cases=_step_cases,
+          description="TRPO's step to the KL boundary along the natural-gradient direction")
+def natural_step(s, Fs, delta):
+    r""":math:`\Delta = \sqrt{2\delta / s^\top F s}\; s`, so that :math:`\tfrac12\Delta^\top F\Delta = \delta`."""
+    V.matching_floats(s=s, Fs=Fs)
+    delta = V.real_in(delta, "delta", 0.0, lo_open=True)
+    return torch.sqrt(2 * delta / (s * Fs).sum()) * s
+
+
+@mistake(natural_step, "the quadratic model of the KL is (1/2) D^T F D; setting it to delta gives "
+         "sqrt(2 delta / s^T F s), you dropped the 2")
+def _step_no_two(s, Fs, delta):
+    return natural_step(s, Fs, delta / 2)
+
+
+@mistake(natural_step, "the KL is quadratic in the step length, so the scale is a square root: "
+         "sqrt(2 delta / s^T F s)")
+def _step_no_sqrt(s, Fs, delta):
+    return (2 * delta / (s * Fs).sum()) * s
+
+
+@mistake(natural_step, "you normalised the Euclidean length of s; the trust region is measured by "
+         "the KL, i.e. in the metric F: divide by sqrt(s^T F s)")
+def _step_unit_norm(s, Fs, delta):
+    return math.sqrt(2 * delta) * s / s.norm()

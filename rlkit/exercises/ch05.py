@@ -13,57 +13,16 @@ r"""Checkers for the exercises of chapter 5, ``lessons/05_onpolicy_offpolicy_dri
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
-from rlkit.exercises import Case, Exercise, Mistake, register, float_tensors
+from rlkit import _validate as V
+from rlkit.exercises import Case, exercise, mistake
 
 __all__: list[str] = []
 F64 = torch.float64
 
 
-def _same_shape(fn, ref_name, ref, **tensors):
-    for name, x in tensors.items():
-        if tuple(x.shape) != tuple(ref.shape):
-            raise ValueError(f"{fn}: {name} has shape {tuple(x.shape)}, expected the shape of {ref_name} "
-                             f"{tuple(ref.shape)}")
-
-
 # ------------------------------------------------------------------ 1. active_clip_fraction
-
-def _active_clip_fraction(logp_new, logp_old, advantages, eps):
-    r"""Fraction of samples where PPO-clip selects the clipped branch (zero gradient); returns a 0-dim tensor."""
-    float_tensors("active_clip_fraction", logp_new=logp_new, logp_old=logp_old, advantages=advantages)
-    _same_shape("active_clip_fraction", "logp_new", logp_new, logp_old=logp_old, advantages=advantages)
-    if not (isinstance(eps, (int, float)) and 0 < eps < 1):
-        raise ValueError(f"active_clip_fraction: eps must be a float in (0, 1), got {eps!r}")
-    ratio = torch.exp(logp_new - logp_old)
-    active = ((advantages > 0) & (ratio > 1 + eps)) | ((advantages < 0) & (ratio < 1 - eps))
-    return active.to(logp_new.dtype).mean()
-
-
-def _clip_any_side(logp_new, logp_old, advantages, eps):
-    ratio = torch.exp(logp_new - logp_old)
-    return ((ratio > 1 + eps) | (ratio < 1 - eps)).to(logp_new.dtype).mean()
-
-
-def _clip_log_ratio(logp_new, logp_old, advantages, eps):
-    lr = logp_new - logp_old
-    active = ((advantages > 0) & (lr > 1 + eps)) | ((advantages < 0) & (lr < 1 - eps))
-    return active.to(logp_new.dtype).mean()
-
-
-def _clip_upper_only(logp_new, logp_old, advantages, eps):
-    ratio = torch.exp(logp_new - logp_old)
-    return ((advantages > 0) & (ratio > 1 + eps)).to(logp_new.dtype).mean()
-
-
-def _clip_swapped_signs(logp_new, logp_old, advantages, eps):
-    ratio = torch.exp(logp_new - logp_old)
-    active = ((advantages < 0) & (ratio > 1 + eps)) | ((advantages > 0) & (ratio < 1 - eps))
-    return active.to(logp_new.dtype).mean()
-
 
 def _clip_cases():
     g = torch.Generator().manual_seed(505)
@@ -84,58 +43,46 @@ def _clip_cases():
     ]
 
 
-register(Exercise(
-    name="active_clip_fraction",
-    chapter=5,
-    reference=_active_clip_fraction,
-    cases=_clip_cases,
-    mistakes=[
-        Mistake(_clip_any_side, "you counted every ratio outside [1-eps, 1+eps]. The clip only zeroes the "
-                "gradient on the side that would help: r > 1+eps with A > 0, or r < 1-eps with A < 0 (a ratio "
-                "of 1.5 with A < 0 still gets a gradient, pulling it back). Several codebases log your "
-                "quantity as 'clipfrac'; it measures drift, not where the clip acts"),
-        Mistake(_clip_log_ratio, "you compared the LOG-ratio with 1 +- eps; exponentiate it first: "
-                "r = exp(logp_new - logp_old)"),
-        Mistake(_clip_upper_only, "you only counted the upper clip (A > 0, r > 1+eps); for a negative "
-                "advantage the clip acts when r < 1-eps"),
-        Mistake(_clip_swapped_signs, "the advantage signs are swapped: with A > 0 the objective wants r to "
-                "grow, so the clip stops it at r > 1+eps (not r < 1-eps)"),
-    ],
-    atol=1e-9,
-    description="Fraction of samples whose PPO-clip gradient is zero.",
-))
+@exercise(chapter=5, cases=_clip_cases, atol=1e-9, description="Fraction of samples whose PPO-clip gradient is zero.")
+def active_clip_fraction(logp_new, logp_old, advantages, eps):
+    r"""Fraction of samples where PPO-clip selects the clipped branch (zero gradient), a 0-dim tensor:
+    :math:`\frac1n \#\{i : (\hat A_i > 0 \wedge r_i > 1+\epsilon) \vee (\hat A_i < 0 \wedge r_i < 1-\epsilon)\}`."""
+    V.matching_floats(min_dim=0, logp_new=logp_new, logp_old=logp_old, advantages=advantages)
+    eps = V.real_in(eps, "eps", 0.0, 1.0, lo_open=True, hi_open=True)
+    ratio = torch.exp(logp_new - logp_old)
+    active = ((advantages > 0) & (ratio > 1 + eps)) | ((advantages < 0) & (ratio < 1 - eps))
+    return active.to(logp_new.dtype).mean()
+
+
+@mistake(active_clip_fraction, "you counted every ratio outside [1-eps, 1+eps]. The clip only zeroes the "
+         "gradient on the side that would help: r > 1+eps with A > 0, or r < 1-eps with A < 0 (a ratio "
+         "of 1.5 with A < 0 still gets a gradient, pulling it back). Several codebases log your "
+         "quantity as 'clipfrac'; it measures drift, not where the clip acts")
+def _clip_any_side(logp_new, logp_old, advantages, eps):
+    ratio = torch.exp(logp_new - logp_old)
+    return ((ratio > 1 + eps) | (ratio < 1 - eps)).to(logp_new.dtype).mean()
+
+
+@mistake(active_clip_fraction, "you compared the LOG-ratio with 1 +- eps; exponentiate it first: "
+         "r = exp(logp_new - logp_old)")
+def _clip_log_ratio(logp_new, logp_old, advantages, eps):
+    lr = logp_new - logp_old
+    return (((advantages > 0) & (lr > 1 + eps)) | ((advantages < 0) & (lr < 1 - eps))).to(lr.dtype).mean()
+
+
+@mistake(active_clip_fraction, "you only counted the upper clip (A > 0, r > 1+eps); for a negative "
+         "advantage the clip acts when r < 1-eps")
+def _clip_upper_only(logp_new, logp_old, advantages, eps):
+    return active_clip_fraction(logp_new, logp_old, advantages.clamp(min=0.0), eps)
+
+
+@mistake(active_clip_fraction, "the advantage signs are swapped: with A > 0 the objective wants r to "
+         "grow, so the clip stops it at r > 1+eps (not r < 1-eps)")
+def _clip_swapped_signs(logp_new, logp_old, advantages, eps):
+    return active_clip_fraction(logp_new, logp_old, -advantages, eps)
 
 
 # ----------------------------------------------------------------------- 2. wasserstein_1d
-
-def _wasserstein_1d(x, y):
-    r""":math:`W_1 = \frac1n \sum_i |x_{(i)} - y_{(i)}|`; ``x, y [..., n]`` -> ``[...]``."""
-    float_tensors("wasserstein_1d", x=x, y=y)
-    _same_shape("wasserstein_1d", "x", x, y=y)
-    if x.dim() < 1 or x.shape[-1] < 1:
-        raise ValueError(f"wasserstein_1d: x must have shape [..., n] with n >= 1, got {tuple(x.shape)}")
-    return (x.sort(-1).values - y.sort(-1).values).abs().mean(-1)
-
-
-def _w1_unsorted(x, y):
-    return (x - y).abs().mean(-1)
-
-
-def _w1_one_sorted(x, y):
-    return (x.sort(-1).values - y).abs().mean(-1)
-
-
-def _w1_squared(x, y):
-    return ((x.sort(-1).values - y.sort(-1).values) ** 2).mean(-1)
-
-
-def _w1_mean_gap(x, y):
-    return (x.mean(-1) - y.mean(-1)).abs()
-
-
-def _w1_opposite_order(x, y):
-    return (x.sort(-1).values - y.sort(-1, descending=True).values).abs().mean(-1)
-
 
 def _w1_cases():
     g = torch.Generator().manual_seed(606)
@@ -148,58 +95,44 @@ def _w1_cases():
     ]
 
 
-register(Exercise(
-    name="wasserstein_1d",
-    chapter=5,
-    reference=_wasserstein_1d,
-    cases=_w1_cases,
-    mistakes=[
-        Mistake(_w1_unsorted, "you paired x_i with y_i in the order given; the samples are unordered "
-                "sets, and the optimal coupling in 1-D pairs the i-th smallest x with the i-th smallest y: "
-                "sort both first"),
-        Mistake(_w1_one_sorted, "you sorted x but not y; sort both so that quantiles meet quantiles"),
-        Mistake(_w1_squared, "you averaged squared gaps (that is W_2 squared); W_1 averages absolute gaps"),
-        Mistake(_w1_mean_gap, "you compared the means only. |mean(x) - mean(y)| is a lower bound on W_1 "
-                "that is blind to a change of spread or shape"),
-        Mistake(_w1_opposite_order, "you sorted x ascending and y descending, coupling the smallest x with "
-                "the largest y: the worst coupling, not the best"),
-    ],
-    atol=1e-6,
-    description="1-Wasserstein distance between two equal-size empirical samples.",
-))
+@exercise(chapter=5, cases=_w1_cases, description="1-Wasserstein distance between two equal-size empirical samples.")
+def wasserstein_1d(x, y):
+    r""":math:`W_1 = \frac1n \sum_i |x_{(i)} - y_{(i)}|`; ``x, y [..., n]`` -> ``[...]``."""
+    V.matching_floats(x=x, y=y)
+    V.positive_int(x.shape[-1], "the number of samples x.shape[-1]")
+    return (x.sort(-1).values - y.sort(-1).values).abs().mean(-1)
+
+
+@mistake(wasserstein_1d, "you paired x_i with y_i in the order given; the samples are unordered "
+         "sets, and the optimal coupling in 1-D pairs the i-th smallest x with the i-th smallest y: "
+         "sort both first")
+def _w1_unsorted(x, y):
+    return (x - y).abs().mean(-1)
+
+
+@mistake(wasserstein_1d, "you sorted x but not y; sort both so that quantiles meet quantiles")
+def _w1_one_sorted(x, y):
+    return (x.sort(-1).values - y).abs().mean(-1)
+
+
+@mistake(wasserstein_1d, "you averaged squared gaps (that is W_2 squared); W_1 averages absolute gaps")
+def _w1_squared(x, y):
+    return ((x.sort(-1).values - y.sort(-1).values) ** 2).mean(-1)
+
+
+@mistake(wasserstein_1d, "you compared the means only. |mean(x) - mean(y)| is a lower bound on W_1 "
+         "that is blind to a change of spread or shape")
+def _w1_mean_gap(x, y):
+    return (x.mean(-1) - y.mean(-1)).abs()
+
+
+@mistake(wasserstein_1d, "you sorted x ascending and y descending, coupling the smallest x with "
+         "the largest y: the worst coupling, not the best")
+def _w1_opposite_order(x, y):
+    return (x.sort(-1).values - y.sort(-1, descending=True).values).abs().mean(-1)
 
 
 # ----------------------------------------------------------------- 3. kl_regularised_optimum
-
-def _kl_optimum(ref_logprobs, reward, beta):
-    r""":math:`\log\pi_\beta = \log\pi_{ref} + r/\beta - \log Z`; ``[..., N]`` -> ``[..., N]``."""
-    float_tensors("kl_regularised_optimum", ref_logprobs=ref_logprobs, reward=reward)
-    _same_shape("kl_regularised_optimum", "ref_logprobs", ref_logprobs, reward=reward)
-    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not beta > 0 or math.isnan(beta):
-        raise ValueError(f"kl_regularised_optimum: beta must be a positive number, got {beta!r}")
-    return torch.log_softmax(ref_logprobs + reward / beta, dim=-1)
-
-
-def _opt_times_beta(ref_logprobs, reward, beta):
-    return torch.log_softmax(ref_logprobs + beta * reward, dim=-1)
-
-
-def _opt_no_ref(ref_logprobs, reward, beta):
-    return torch.log_softmax(reward / beta, dim=-1)
-
-
-def _opt_unnormalised(ref_logprobs, reward, beta):
-    return ref_logprobs + reward / beta
-
-
-def _opt_probabilities(ref_logprobs, reward, beta):
-    return torch.softmax(ref_logprobs + reward / beta, dim=-1)
-
-
-def _opt_naive(ref_logprobs, reward, beta):
-    w = ref_logprobs.exp() * torch.exp(reward / beta)
-    return (w / w.sum(-1, keepdim=True)).log()
-
 
 def _opt_cases():
     g = torch.Generator().manual_seed(707)
@@ -215,67 +148,49 @@ def _opt_cases():
     ]
 
 
-register(Exercise(
-    name="kl_regularised_optimum",
-    chapter=5,
-    reference=_kl_optimum,
-    cases=_opt_cases,
-    mistakes=[
-        Mistake(_opt_times_beta, "you multiplied the reward by beta; the optimum tilts by exp(r / beta): "
-                "a LARGER penalty must keep the policy CLOSER to pi_ref"),
-        Mistake(_opt_no_ref, "you dropped pi_ref: softmax(r / beta) is the optimum of the entropy-regularised "
-                "objective (a uniform reference), not of the KL-regularised one"),
-        Mistake(_opt_unnormalised, "your log-probabilities are not normalised: subtract log Z = "
-                "logsumexp(log pi_ref + r / beta) (torch.log_softmax does it)"),
-        Mistake(_opt_probabilities, "you returned probabilities; the exercise asks for log-probabilities"),
-        Mistake(_opt_naive, "you exponentiated before normalising, which overflows for large r / beta "
-                "(inf / inf = NaN); stay in log space with torch.log_softmax"),
-    ],
-    atol=1e-6,
-    description="The closed-form maximiser of E[r] - beta KL(pi || pi_ref).",
-))
+@exercise(chapter=5, cases=_opt_cases, description="The closed-form maximiser of E[r] - beta KL(pi || pi_ref).")
+def kl_regularised_optimum(ref_logprobs, reward, beta):
+    r""":math:`\log\pi_\beta = \log\pi_{ref} + r/\beta - \log Z`; ``[..., N]`` -> ``[..., N]``."""
+    V.matching_floats(ref_logprobs=ref_logprobs, reward=reward)
+    beta = V.real_in(beta, "beta", 0.0, lo_open=True)
+    return torch.log_softmax(ref_logprobs + reward / beta, dim=-1)
+
+
+@mistake(kl_regularised_optimum, "you multiplied the reward by beta; the optimum tilts by exp(r / beta): "
+         "a LARGER penalty must keep the policy CLOSER to pi_ref")
+def _opt_times_beta(ref_logprobs, reward, beta):
+    return torch.log_softmax(ref_logprobs + beta * reward, dim=-1)
+
+
+@mistake(kl_regularised_optimum, "you dropped pi_ref: softmax(r / beta) is the optimum of the entropy-regularised "
+         "objective (a uniform reference), not of the KL-regularised one")
+def _opt_no_ref(ref_logprobs, reward, beta):
+    return torch.log_softmax(reward / beta, dim=-1)
+
+
+@mistake(kl_regularised_optimum, "your log-probabilities are not normalised: subtract log Z = "
+         "logsumexp(log pi_ref + r / beta) (torch.log_softmax does it)")
+def _opt_unnormalised(ref_logprobs, reward, beta):
+    return ref_logprobs + reward / beta
+
+
+@mistake(kl_regularised_optimum, "you returned probabilities; the exercise asks for log-probabilities")
+def _opt_probabilities(ref_logprobs, reward, beta):
+    return kl_regularised_optimum(ref_logprobs, reward, beta).exp()
+
+
+@mistake(kl_regularised_optimum, "you exponentiated before normalising, which overflows for large r / beta "
+         "(inf / inf = NaN); stay in log space with torch.log_softmax")
+def _opt_naive(ref_logprobs, reward, beta):
+    w = ref_logprobs.exp() * torch.exp(reward / beta)
+    return (w / w.sum(-1, keepdim=True)).log()
 
 
 # ---------------------------------------------------------------------- 4. kl_shaped_rewards
 
-def _shaped(score, logp, logp_ref, mask, beta):
-    r"""Per-token RLHF rewards ``[B, T]`` from ``score [B]``, ``logp, logp_ref, mask [B, T]``."""
-    float_tensors("kl_shaped_rewards", score=score, logp=logp, logp_ref=logp_ref)
-    _same_shape("kl_shaped_rewards", "logp", logp, logp_ref=logp_ref, mask=mask)
-    if logp.dim() != 2 or tuple(score.shape) != (logp.shape[0],):
-        raise ValueError(f"kl_shaped_rewards: need logp [B, T] and score [B], got {tuple(logp.shape)} "
-                         f"and {tuple(score.shape)}")
-    m = mask.to(logp.dtype)
-    rewards = -beta * (logp - logp_ref) * m
-    t = torch.arange(logp.shape[1])
-    last = torch.where(m > 0, t, torch.full_like(t, -1)).max(dim=1).values
-    has = last >= 0
-    rows = torch.arange(logp.shape[0])[has]
-    rewards = rewards.clone()
-    rewards[rows, last[has]] += score[has]
-    return rewards
-
-
-def _shaped_last_column(score, logp, logp_ref, mask, beta):
-    m = mask.to(logp.dtype)
-    rewards = -beta * (logp - logp_ref) * m
-    rewards[:, -1] += score
-    return rewards
-
-
-def _shaped_sign(score, logp, logp_ref, mask, beta):
-    m = mask.to(logp.dtype)
-    return _shaped(score, logp, logp_ref, mask, beta) + 2 * beta * (logp - logp_ref) * m
-
-
-def _shaped_unmasked(score, logp, logp_ref, mask, beta):
-    m = mask.to(logp.dtype)
-    return _shaped(score, logp, logp_ref, mask, beta) - beta * (logp - logp_ref) * (1 - m)
-
-
-def _shaped_every_token(score, logp, logp_ref, mask, beta):
-    m = mask.to(logp.dtype)
-    return (-beta * (logp - logp_ref) + score[:, None]) * m
+def _kl_penalty(logp, logp_ref, mask, beta):
+    r""":math:`-\beta(\log\pi - \log\pi_{ref})` on the tokens where ``mask`` is 1."""
+    return -beta * (logp - logp_ref) * mask.to(logp.dtype)
 
 
 def _shaped_cases():
@@ -296,21 +211,47 @@ def _shaped_cases():
     ]
 
 
-register(Exercise(
-    name="kl_shaped_rewards",
-    chapter=5,
-    reference=_shaped,
-    cases=_shaped_cases,
-    mistakes=[
-        Mistake(_shaped_last_column, "you put the reward-model score in the last COLUMN; for a padded "
-                "response that is a padding position. It belongs at the last REAL token of each row"),
-        Mistake(_shaped_sign, "the KL term has the wrong sign: the per-token penalty is "
-                "-beta (log pi - log pi_ref), which is negative where the policy is more likely than the reference"),
-        Mistake(_shaped_unmasked, "padding positions got a KL penalty; every reward must be 0 where mask is 0"),
-        Mistake(_shaped_every_token, "you added the score to every token. The reward model scores the whole "
-                "response once, at its end; adding it to all tokens multiplies it by the length and makes "
-                "long answers worth more"),
-    ],
-    atol=1e-9,
-    description="Per-token RLHF rewards: KL penalty on every real token, the score at the last one.",
-))
+@exercise(chapter=5, cases=_shaped_cases, atol=1e-9,
+          description="Per-token RLHF rewards: KL penalty on every real token, the score at the last one.")
+def kl_shaped_rewards(score, logp, logp_ref, mask, beta):
+    r"""Per-token RLHF rewards ``[B, T]`` from ``score [B]``, ``logp, logp_ref, mask [B, T]``."""
+    sizes = V.layout("B T", floating=True, logp=logp, logp_ref=logp_ref)
+    V.layout("B", sizes, floating=True, score=score)
+    m = V.check_mask(mask, logp, "logp")
+    beta = V.real_in(beta, "beta", 0.0)
+    rewards = -beta * (logp - logp_ref) * m
+    t = torch.arange(logp.shape[1])
+    last = torch.where(m > 0, t, torch.full_like(t, -1)).max(dim=1).values
+    has = last >= 0
+    rows = torch.arange(logp.shape[0])[has]
+    rewards = rewards.clone()
+    rewards[rows, last[has]] += score[has]
+    return rewards
+
+
+@mistake(kl_shaped_rewards, "you put the reward-model score in the last COLUMN; for a padded "
+         "response that is a padding position. It belongs at the last REAL token of each row")
+def _shaped_last_column(score, logp, logp_ref, mask, beta):
+    rewards = _kl_penalty(logp, logp_ref, mask, beta)
+    rewards[:, -1] += score
+    return rewards
+
+
+@mistake(kl_shaped_rewards, "the KL term has the wrong sign: the per-token penalty is "
+         "-beta (log pi - log pi_ref), which is negative where the policy is more likely than the reference")
+def _shaped_sign(score, logp, logp_ref, mask, beta):
+    return kl_shaped_rewards(score, logp, logp_ref, mask, beta) - 2 * _kl_penalty(logp, logp_ref, mask, beta)
+
+
+@mistake(kl_shaped_rewards, "padding positions got a KL penalty; every reward must be 0 where mask is 0")
+def _shaped_unmasked(score, logp, logp_ref, mask, beta):
+    padding = 1 - mask.to(logp.dtype)
+    return kl_shaped_rewards(score, logp, logp_ref, mask, beta) + _kl_penalty(logp, logp_ref, padding, beta)
+
+
+@mistake(kl_shaped_rewards, "you added the score to every token. The reward model scores the whole "
+         "response once, at its end; adding it to all tokens multiplies it by the length and makes "
+         "long answers worth more")
+def _shaped_every_token(score, logp, logp_ref, mask, beta):
+    m = mask.to(logp.dtype)
+    return (-beta * (logp - logp_ref) + score[:, None]) * m

@@ -13,24 +13,14 @@ For a softmax policy :math:`\pi = \mathrm{softmax}(z)` whose logits move by a sm
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 
-from rlkit.exercises import Case, Exercise, Mistake, register
+from rlkit import _validate as V
+from rlkit.exercises import Case, exercise, mistake
 
 __all__: list[str] = []
 F64 = torch.float64
-
-
-def _pair(fn, logits, dz):
-    for name, x in (("logits", logits), ("dz", dz)):
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-            raise TypeError(f"{fn}: {name} must be a floating-point torch.Tensor [..., A]")
-        if x.dim() < 1:
-            raise ValueError(f"{fn}: {name} must have shape [..., A], got a 0-dim tensor")
-    if tuple(logits.shape) != tuple(dz.shape):
-        raise ValueError(f"{fn}: dz has shape {tuple(dz.shape)}, expected the shape of logits {tuple(logits.shape)}")
 
 
 def _cases(seed):
@@ -49,146 +39,70 @@ def _cases(seed):
     return make
 
 
+def _centred(x, p):
+    r""":math:`x - \mathbb E_{a\sim p}[x_a]` over the last dimension."""
+    return x - (p * x).sum(-1, keepdim=True)
+
+
 # --------------------------------------------------------------------------- 1. entropy_change
 
-def _entropy_change(logits, dz):
+@exercise(chapter=6, cases=_cases(601), atol=1e-5, description="first-order entropy change of a softmax policy")
+def entropy_change(logits, dz):
     r""":math:`-\mathrm{Cov}_\pi(\log\pi, \delta z) = -\sum_a \pi_a(\log\pi_a - \bar\ell)(\delta z_a - \bar z)`."""
-    _pair("entropy_change", logits, dz)
+    V.matching_floats(logits=logits, dz=dz)
     logp = torch.log_softmax(logits, -1)
     p = logp.exp()
-    lc = logp - (p * logp).sum(-1, keepdim=True)
-    zc = dz - (p * dz).sum(-1, keepdim=True)
-    return -(p * lc * zc).sum(-1)
+    return -(p * _centred(logp, p) * _centred(dz, p)).sum(-1)
 
 
+@mistake(entropy_change, "you dropped the centring of dz: the probabilities move by "
+         "pi_a (dz_a - E_pi[dz]), so the answer is a covariance, -Cov_pi(log pi, dz)")
 def _ent_uncentred(logits, dz):
     logp = torch.log_softmax(logits, -1)
-    p = logp.exp()
-    return -(p * logp * dz).sum(-1)
+    return -(logp.exp() * logp * dz).sum(-1)
 
 
+@mistake(entropy_change, "the covariance is under the policy (weights pi_a), not a plain mean over actions")
 def _ent_uniform_weights(logits, dz):
     logp = torch.log_softmax(logits, -1)
-    lc = logp - logp.mean(-1, keepdim=True)
-    zc = dz - dz.mean(-1, keepdim=True)
-    return -(lc * zc).mean(-1)
+    return -((logp - logp.mean(-1, keepdim=True)) * (dz - dz.mean(-1, keepdim=True))).mean(-1)
 
 
+@mistake(entropy_change, "the covariance is between log pi_a and dz_a (dH = -sum (1 + log pi_a) "
+         "d pi_a), not between pi_a and dz_a")
 def _ent_probs_not_logs(logits, dz):
     p = torch.softmax(logits, -1)
-    pc = p - (p * p).sum(-1, keepdim=True)
-    zc = dz - (p * dz).sum(-1, keepdim=True)
-    return -(p * pc * zc).sum(-1)
-
-
-register(Exercise(
-    name="entropy_change",
-    chapter=6,
-    reference=_entropy_change,
-    cases=_cases(601),
-    mistakes=[
-        Mistake(_ent_uncentred, "you dropped the centring of dz: the probabilities move by "
-                                "pi_a (dz_a - E_pi[dz]), so the answer is a covariance, -Cov_pi(log pi, dz)"),
-        Mistake(_ent_uniform_weights, "the covariance is under the policy (weights pi_a), not a plain mean over "
-                                      "actions"),
-        Mistake(_ent_probs_not_logs, "the covariance is between log pi_a and dz_a (dH = -sum (1 + log pi_a) "
-                                     "d pi_a), not between pi_a and dz_a"),
-    ],
-    atol=1e-5,
-    description="first-order entropy change of a softmax policy",
-))
+    return -(p * _centred(p, p) * _centred(dz, p)).sum(-1)
 
 
 # --------------------------------------------------------------------------- 2. kl_second_order
 
-def _kl_second_order(logits, dz):
+@exercise(chapter=6, cases=_cases(602), description="second-order KL between softmax(z) and softmax(z + dz)")
+def kl_second_order(logits, dz):
     r""":math:`\tfrac12\mathrm{Var}_\pi(\delta z) = \tfrac12\sum_a\pi_a(\delta z_a - \bar z)^2`."""
-    _pair("kl_second_order", logits, dz)
+    V.matching_floats(logits=logits, dz=dz)
     p = torch.softmax(logits, -1)
-    zc = dz - (p * dz).sum(-1, keepdim=True)
+    zc = _centred(dz, p)
     return 0.5 * (p * zc * zc).sum(-1)
 
 
+@mistake(kl_second_order, "adding the same constant to every logit does not change the policy, so the "
+         "answer must not change either: centre dz at its mean under pi")
 def _kl2_uncentred(logits, dz):
-    p = torch.softmax(logits, -1)
-    return 0.5 * (p * dz * dz).sum(-1)
+    return 0.5 * (torch.softmax(logits, -1) * dz * dz).sum(-1)
 
 
+@mistake(kl_second_order, "the variance is under the policy (weights pi_a), not over actions with equal weights")
 def _kl2_uniform(logits, dz):
     return 0.5 * dz.var(-1, unbiased=False)
 
 
+@mistake(kl_second_order, "the second-order term of the KL is HALF the Fisher quadratic form: (1/2) Var_pi(dz)")
 def _kl2_no_half(logits, dz):
-    return 2.0 * _kl_second_order(logits, dz)
-
-
-register(Exercise(
-    name="kl_second_order",
-    chapter=6,
-    reference=_kl_second_order,
-    cases=_cases(602),
-    mistakes=[
-        Mistake(_kl2_uncentred, "adding the same constant to every logit does not change the policy, so the "
-                                "answer must not change either: centre dz at its mean under pi"),
-        Mistake(_kl2_uniform, "the variance is under the policy (weights pi_a), not over actions with equal "
-                              "weights"),
-        Mistake(_kl2_no_half, "the second-order term of the KL is HALF the Fisher quadratic form: "
-                              "(1/2) Var_pi(dz)"),
-    ],
-    atol=1e-6,
-    description="second-order KL between softmax(z) and softmax(z + dz)",
-))
+    return 2.0 * kl_second_order(logits, dz)
 
 
 # --------------------------------------------------------------------------- 3. kl_lr_update
-
-def _num(fn, name, x, lo_open=True, lo=0.0):
-    if isinstance(x, bool) or not isinstance(x, numbers.Real) or not math.isfinite(x):
-        raise ValueError(f"{fn}: {name} must be a finite number, got {x!r}")
-    if (x <= lo) if lo_open else (x < lo):
-        raise ValueError(f"{fn}: {name} must be {'>' if lo_open else '>='} {lo}, got {x!r}")
-
-
-def _kl_lr_update(lr, kl, threshold, aim):
-    r"""Cut by :math:`\max(\sqrt{d^\star/d}, 1/10)` above the threshold; else
-    :math:`\times\mathrm{clip}((d^\star/d)^{1/4}, 0.8, 1.25)`."""
-    fn = "kl_lr_update"
-    _num(fn, "lr", lr)
-    _num(fn, "kl", kl, lo_open=False)
-    _num(fn, "threshold", threshold)
-    _num(fn, "aim", aim)
-    if aim > threshold:
-        raise ValueError(f"{fn}: aim must be <= threshold, got aim={aim}, threshold={threshold}")
-    if kl > threshold:
-        return lr * max(math.sqrt(aim / kl), 0.1)
-    if kl == 0:
-        return lr * 1.25
-    return lr * min(max((aim / kl) ** 0.25, 0.8), 1.25)
-
-
-def _lr_linear_cut(lr, kl, threshold, aim):
-    if kl > threshold:
-        return lr * max(aim / kl, 0.1)
-    return _kl_lr_update(lr, kl, threshold, aim)
-
-
-def _lr_no_floor(lr, kl, threshold, aim):
-    if kl > threshold:
-        return lr * math.sqrt(aim / kl)
-    return _kl_lr_update(lr, kl, threshold, aim)
-
-
-def _lr_cut_only(lr, kl, threshold, aim):
-    if kl > threshold:
-        return lr * max(math.sqrt(aim / kl), 0.1)
-    return float(lr)
-
-
-def _lr_cut_to_threshold(lr, kl, threshold, aim):
-    if kl > threshold:
-        return lr * max(math.sqrt(threshold / kl), 0.1)
-    return _kl_lr_update(lr, kl, threshold, aim)
-
 
 def _lr_cases():
     return [
@@ -202,21 +116,40 @@ def _lr_cases():
     ]
 
 
-register(Exercise(
-    name="kl_lr_update",
-    chapter=6,
-    reference=_kl_lr_update,
-    cases=_lr_cases,
-    mistakes=[
-        Mistake(_lr_linear_cut, "KL grows like the SQUARE of the learning rate, so the cut that lands on the set "
-                                "point is sqrt(aim / kl), not aim / kl (yours over-corrects)"),
-        Mistake(_lr_no_floor, "a single cut is capped at 10x (factor >= 0.1): one wild KL measurement must not "
-                              "wipe out the learning rate"),
-        Mistake(_lr_cut_only, "below the threshold the rule still tracks the set point, by "
-                              "clip((aim / kl)^(1/4), 0.8, 1.25); without it the learning rate can only fall"),
-        Mistake(_lr_cut_to_threshold, "a trigger cuts towards the set point aim (below the threshold, to leave "
-                                      "room for noise), not to the threshold itself"),
-    ],
-    atol=1e-12,
-    description="one step of a KL-triggered learning-rate controller",
-))
+@exercise(chapter=6, cases=_lr_cases, atol=1e-12, description="one step of a KL-triggered learning-rate controller")
+def kl_lr_update(lr, kl, threshold, aim):
+    r"""Cut by :math:`\max(\sqrt{d^\star/d}, 1/10)` above the threshold; else
+    :math:`\times\mathrm{clip}((d^\star/d)^{1/4}, 0.8, 1.25)`."""
+    lr = V.real_in(lr, "lr", 0.0, lo_open=True)
+    kl = V.real_in(kl, "kl", 0.0)
+    threshold = V.real_in(threshold, "threshold", 0.0, lo_open=True)
+    aim = V.real_in(aim, "aim (at most threshold)", 0.0, threshold, lo_open=True)
+    if kl > threshold:
+        return lr * max(math.sqrt(aim / kl), 0.1)
+    if kl == 0:
+        return lr * 1.25
+    return lr * min(max((aim / kl) ** 0.25, 0.8), 1.25)
+
+
+@mistake(kl_lr_update, "KL grows like the SQUARE of the learning rate, so the cut that lands on the set "
+         "point is sqrt(aim / kl), not aim / kl (yours over-corrects)")
+def _lr_linear_cut(lr, kl, threshold, aim):
+    return lr * max(aim / kl, 0.1) if kl > threshold else kl_lr_update(lr, kl, threshold, aim)
+
+
+@mistake(kl_lr_update, "a single cut is capped at 10x (factor >= 0.1): one wild KL measurement must not "
+         "wipe out the learning rate")
+def _lr_no_floor(lr, kl, threshold, aim):
+    return lr * math.sqrt(aim / kl) if kl > threshold else kl_lr_update(lr, kl, threshold, aim)
+
+
+@mistake(kl_lr_update, "below the threshold the rule still tracks the set point, by "
+         "clip((aim / kl)^(1/4), 0.8, 1.25); without it the learning rate can only fall")
+def _lr_cut_only(lr, kl, threshold, aim):
+    return kl_lr_update(lr, kl, threshold, aim) if kl > threshold else float(lr)
+
+
+@mistake(kl_lr_update, "a trigger cuts towards the set point aim (below the threshold, to leave "
+         "room for noise), not to the threshold itself")
+def _lr_cut_to_threshold(lr, kl, threshold, aim):
+    return kl_lr_update(lr, kl, threshold, threshold) if kl > threshold else kl_lr_update(lr, kl, threshold, aim)

@@ -14,43 +14,24 @@ from __future__ import annotations
 
 import torch
 
-from rlkit.exercises import Case, Exercise, Mistake, register
+from rlkit import _validate as V
+from rlkit.exercises import Case, exercise, mistake
 
 __all__: list[str] = []
 
 
+def _token_logp(logits, response_ids, log=torch.log_softmax):
+    """``log(logits)[..., token]`` at each position: ``[B, T, V]`` -> ``[B, T]``."""
+    return log(logits, dim=-1).gather(-1, response_ids[..., None]).squeeze(-1)
+
+
 # ------------------------------------------------------------------- 1. response_logprob
-
-def _response_logprob(logits, response_ids, mask):
-    """Sum over real tokens of log softmax(logits)[token]; logits [B, T, V], ids [B, T], mask [B, T] -> [B]."""
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, response_ids[..., None]).squeeze(-1)
-    return torch.where(mask.bool(), logp, torch.zeros((), dtype=logp.dtype)).sum(-1)
-
-
-def _rlp_raw_logits(logits, response_ids, mask):
-    z = logits.gather(-1, response_ids[..., None]).squeeze(-1)
-    return (z * mask).sum(-1)
-
-
-def _rlp_no_mask(logits, response_ids, mask):
-    return torch.log_softmax(logits, dim=-1).gather(-1, response_ids[..., None]).squeeze(-1).sum(-1)
-
-
-def _rlp_mean(logits, response_ids, mask):
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, response_ids[..., None]).squeeze(-1)
-    return (logp * mask).sum(-1) / mask.sum(-1)
-
-
-def _rlp_probs(logits, response_ids, mask):
-    p = torch.softmax(logits, dim=-1).gather(-1, response_ids[..., None]).squeeze(-1)
-    return torch.log((p * mask).sum(-1))
-
 
 def _rlp_cases():
     g = torch.Generator().manual_seed(7)
-    B, T, V = 3, 5, 6
-    logits = torch.randn(B, T, V, generator=g) * 2
-    ids = torch.randint(0, V, (B, T), generator=g)
+    B, T, V_ = 3, 5, 6
+    logits = torch.randn(B, T, V_, generator=g) * 2
+    ids = torch.randint(0, V_, (B, T), generator=g)
     mask = torch.tensor([[1., 1., 1., 0., 0.], [1., 1., 1., 1., 1.], [1., 0., 0., 0., 0.]])
     hand = torch.log(torch.tensor([[[0.5, 0.25, 0.25], [0.1, 0.1, 0.8]]]))
     return [
@@ -60,48 +41,45 @@ def _rlp_cases():
     ]
 
 
-register(Exercise(
-    name="response_logprob", chapter=7, reference=_response_logprob, cases=_rlp_cases,
-    mistakes=[Mistake(_rlp_raw_logits, "you summed raw logits: apply log_softmax over the vocabulary first"),
-              Mistake(_rlp_no_mask, "padding after <eos> was counted: multiply by (or select with) the mask"),
-              Mistake(_rlp_mean, "you averaged over tokens; log pi(y|x) is the SUM of token log-probs"),
-              Mistake(_rlp_probs, "you added probabilities, not log-probabilities")],
-    atol=1e-5, description="log-probability of whole responses from per-position logits"))
+@exercise(chapter=7, cases=_rlp_cases, atol=1e-5,
+          description="log-probability of whole responses from per-position logits")
+def response_logprob(logits, response_ids, mask):
+    """Sum over real tokens of log softmax(logits)[token]; logits [B, T, V], ids [B, T], mask [B, T] -> [B]."""
+    sizes = V.layout("B T V", floating=True, logits=logits)
+    V.index_tensor(response_ids, "response_ids", shape=logits.shape[:-1], shape_of="[B, T]", n=sizes["V"])
+    m = V.bool_mask(mask, response_ids, "response_ids")
+    logp = _token_logp(logits, response_ids)
+    return torch.where(m, logp, torch.zeros((), dtype=logp.dtype)).sum(-1)
+
+
+@mistake(response_logprob, "you summed raw logits: apply log_softmax over the vocabulary first")
+def _rlp_raw_logits(logits, response_ids, mask):
+    return (logits.gather(-1, response_ids[..., None]).squeeze(-1) * mask).sum(-1)
+
+
+@mistake(response_logprob, "padding after <eos> was counted: multiply by (or select with) the mask")
+def _rlp_no_mask(logits, response_ids, mask):
+    return _token_logp(logits, response_ids).sum(-1)
+
+
+@mistake(response_logprob, "you averaged over tokens; log pi(y|x) is the SUM of token log-probs")
+def _rlp_mean(logits, response_ids, mask):
+    return (_token_logp(logits, response_ids) * mask).sum(-1) / mask.sum(-1)
+
+
+@mistake(response_logprob, "you added probabilities, not log-probabilities")
+def _rlp_probs(logits, response_ids, mask):
+    return torch.log((_token_logp(logits, response_ids, log=torch.softmax) * mask).sum(-1))
 
 
 # ------------------------------------------------------------------- 2. top_p_logprobs
 
-def _top_p_logprobs(logits, p):
-    """Nucleus sampling distribution, log space; logits [..., V] -> [..., V] with -inf outside."""
-    logp = torch.log_softmax(logits, dim=-1)
-    sorted_logp, order = logp.sort(dim=-1, descending=True)
-    probs = sorted_logp.exp()
-    before = probs.cumsum(-1) - probs
-    keep_sorted = before < p
+def _nucleus(logp, keep_sorted):
+    """Renormalised log-probabilities of the tokens kept (``keep_sorted`` in descending order of
+    probability; the top token always kept), ``-inf`` elsewhere."""
+    order = logp.sort(dim=-1, descending=True).indices
     keep_sorted[..., 0] = True
     keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
-    return torch.log_softmax(logp.masked_fill(~keep, float("-inf")), dim=-1)
-
-
-def _topp_including(logits, p):           # keeps while the cumulative mass INCLUDING the token is < p
-    logp = torch.log_softmax(logits, dim=-1)
-    sorted_logp, order = logp.sort(dim=-1, descending=True)
-    keep_sorted = sorted_logp.exp().cumsum(-1) < p
-    keep_sorted[..., 0] = True
-    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
-    return torch.log_softmax(logp.masked_fill(~keep, float("-inf")), dim=-1)
-
-
-def _topp_not_renormalised(logits, p):
-    logp = torch.log_softmax(logits, dim=-1)
-    keep = _top_p_logprobs(logits, p) > float("-inf")
-    return logp.masked_fill(~keep, float("-inf"))
-
-
-def _topp_unsorted(logits, p):            # cumulative sum in vocabulary order
-    logp = torch.log_softmax(logits, dim=-1)
-    probs = logp.exp()
-    keep = (probs.cumsum(-1) - probs) < p
     return torch.log_softmax(logp.masked_fill(~keep, float("-inf")), dim=-1)
 
 
@@ -116,44 +94,40 @@ def _topp_cases():
     ]
 
 
-register(Exercise(
-    name="top_p_logprobs", chapter=7, reference=_top_p_logprobs, cases=_topp_cases,
-    mistakes=[Mistake(_topp_including, "you stop when the mass INCLUDING the token reaches p; keep a token "
-                                       "while the mass of the tokens before it is below p"),
-              Mistake(_topp_not_renormalised, "the kept tokens were not renormalised (their probabilities must "
-                                              "sum to 1)"),
-              Mistake(_topp_unsorted, "the cumulative sum must run over tokens sorted by probability, "
-                                      "not in vocabulary order")],
-    atol=1e-5, description="nucleus (top-p) sampling distribution"))
+@exercise(chapter=7, cases=_topp_cases, atol=1e-5, description="nucleus (top-p) sampling distribution")
+def top_p_logprobs(logits, p):
+    """Nucleus sampling distribution, log space; logits [..., V] -> [..., V] with -inf outside."""
+    V.has_categories(logits, "logits")
+    p = V.real_in(p, "p", 0.0, 1.0, lo_open=True)
+    logp = torch.log_softmax(logits, dim=-1)
+    probs = logp.sort(dim=-1, descending=True).values.exp()
+    before = probs.cumsum(-1) - probs                       # the mass of the tokens before each one
+    return _nucleus(logp, before < p)
+
+
+@mistake(top_p_logprobs, "you stop when the mass INCLUDING the token reaches p; keep a token "
+         "while the mass of the tokens before it is below p")
+def _topp_including(logits, p):           # keeps while the cumulative mass INCLUDING the token is < p
+    logp = torch.log_softmax(logits, dim=-1)
+    return _nucleus(logp, logp.sort(dim=-1, descending=True).values.exp().cumsum(-1) < p)
+
+
+@mistake(top_p_logprobs, "the kept tokens were not renormalised (their probabilities must sum to 1)")
+def _topp_not_renormalised(logits, p):
+    logp = torch.log_softmax(logits, dim=-1)
+    return logp.masked_fill(top_p_logprobs(logits, p) == float("-inf"), float("-inf"))
+
+
+@mistake(top_p_logprobs, "the cumulative sum must run over tokens sorted by probability, "
+         "not in vocabulary order")
+def _topp_unsorted(logits, p):            # cumulative sum in vocabulary order
+    logp = torch.log_softmax(logits, dim=-1)
+    probs = logp.exp()
+    keep = (probs.cumsum(-1) - probs) < p
+    return torch.log_softmax(logp.masked_fill(~keep, float("-inf")), dim=-1)
 
 
 # ------------------------------------------------------------------- 3. group_advantages
-
-def _group_advantages(rewards, group_size):
-    """(R - group mean) / (group sample std + 1e-6); rewards [N], consecutive groups -> [N]."""
-    g = rewards.reshape(-1, group_size)
-    adv = (g - g.mean(-1, keepdim=True)) / (g.std(-1, keepdim=True) + 1e-6)
-    return adv.reshape(rewards.shape)
-
-
-def _ga_population_std(rewards, group_size):
-    g = rewards.reshape(-1, group_size)
-    return ((g - g.mean(-1, keepdim=True)) / (g.std(-1, keepdim=True, unbiased=False) + 1e-6)).reshape(-1)
-
-
-def _ga_batch(rewards, group_size):
-    return (rewards - rewards.mean()) / (rewards.std() + 1e-6)
-
-
-def _ga_no_std(rewards, group_size):
-    g = rewards.reshape(-1, group_size)
-    return (g - g.mean(-1, keepdim=True)).reshape(-1)
-
-
-def _ga_interleaved(rewards, group_size):     # groups taken as strided instead of consecutive
-    g = rewards.reshape(group_size, -1)
-    return ((g - g.mean(0, keepdim=True)) / (g.std(0, keepdim=True) + 1e-6)).reshape(-1)
-
 
 def _ga_cases():
     g = torch.Generator().manual_seed(3)
@@ -165,40 +139,39 @@ def _ga_cases():
     ]
 
 
-register(Exercise(
-    name="group_advantages", chapter=7, reference=_group_advantages, cases=_ga_cases,
-    mistakes=[Mistake(_ga_population_std, "use the sample standard deviation (divide by G - 1, torch's default)"),
-              Mistake(_ga_batch, "you normalised over the whole batch; GRPO normalises within each prompt's group"),
-              Mistake(_ga_no_std, "you did not divide by the group's standard deviation (that is Dr. GRPO)"),
-              Mistake(_ga_interleaved, "the completions of one prompt are CONSECUTIVE: reshape to "
-                                       "[n_groups, group_size]")],
-    atol=1e-5, description="GRPO's group-normalised advantages"))
+@exercise(chapter=7, cases=_ga_cases, atol=1e-5, description="GRPO's group-normalised advantages")
+def group_advantages(rewards, group_size):
+    """(R - group mean) / (group sample std + 1e-6); rewards [N], consecutive groups -> [N]."""
+    V.layout("N", floating=True, rewards=rewards)
+    group_size = V.int_in_range(group_size, "group_size", 2, max(2, rewards.numel()))
+    g = rewards.reshape(-1, group_size)
+    return ((g - g.mean(-1, keepdim=True)) / (g.std(-1, keepdim=True) + 1e-6)).reshape(rewards.shape)
+
+
+@mistake(group_advantages, "use the sample standard deviation (divide by G - 1, torch's default)")
+def _ga_population_std(rewards, group_size):
+    g = rewards.reshape(-1, group_size)
+    return ((g - g.mean(-1, keepdim=True)) / (g.std(-1, keepdim=True, unbiased=False) + 1e-6)).reshape(-1)
+
+
+@mistake(group_advantages, "you normalised over the whole batch; GRPO normalises within each prompt's group")
+def _ga_batch(rewards, group_size):
+    return group_advantages(rewards, rewards.numel())
+
+
+@mistake(group_advantages, "you did not divide by the group's standard deviation (that is Dr. GRPO)")
+def _ga_no_std(rewards, group_size):
+    g = rewards.reshape(-1, group_size)
+    return (g - g.mean(-1, keepdim=True)).reshape(-1)
+
+
+@mistake(group_advantages, "the completions of one prompt are CONSECUTIVE: reshape to [n_groups, group_size]")
+def _ga_interleaved(rewards, group_size):     # groups taken as strided instead of consecutive
+    strided = rewards.reshape(group_size, -1).T.reshape(-1)
+    return group_advantages(strided, group_size).reshape(-1, group_size).T.reshape(-1)
 
 
 # ------------------------------------------------------------------- 4. sequence_ratio
-
-def _sequence_ratio(logp_new, logp_old, mask):
-    """exp(mean over real tokens of logp_new - logp_old); [B, T] -> [B]."""
-    m = mask.to(logp_new.dtype)
-    diff = torch.where(m > 0, logp_new - logp_old, torch.zeros((), dtype=logp_new.dtype))
-    return torch.exp(diff.sum(-1) / m.sum(-1).clamp_min(1.0))
-
-
-def _sr_product(logp_new, logp_old, mask):
-    return torch.exp(((logp_new - logp_old) * mask).sum(-1))
-
-
-def _sr_pad_in_mean(logp_new, logp_old, mask):
-    return torch.exp(((logp_new - logp_old) * mask).mean(-1))
-
-
-def _sr_mean_of_ratios(logp_new, logp_old, mask):
-    return (torch.exp(logp_new - logp_old) * mask).sum(-1) / mask.sum(-1)
-
-
-def _sr_inverted(logp_new, logp_old, mask):
-    return 1.0 / _sequence_ratio(logp_new, logp_old, mask)
-
 
 def _sr_cases():
     g = torch.Generator().manual_seed(5)
@@ -215,12 +188,32 @@ def _sr_cases():
     ]
 
 
-register(Exercise(
-    name="sequence_ratio", chapter=7, reference=_sequence_ratio, cases=_sr_cases,
-    mistakes=[Mistake(_sr_product, "that is the product of the token ratios; GSPO takes its |y|-th root "
-                                   "(divide the summed log-ratio by the response length)"),
-              Mistake(_sr_pad_in_mean, "padding was counted in the length: divide by the number of real tokens"),
-              Mistake(_sr_mean_of_ratios, "you averaged the token ratios; GSPO averages the LOG-ratios, then "
-                                          "exponentiates (a geometric mean)"),
-              Mistake(_sr_inverted, "the ratio is new over old, not old over new")],
-    atol=1e-5, description="GSPO's length-normalised sequence ratio"))
+@exercise(chapter=7, cases=_sr_cases, atol=1e-5, description="GSPO's length-normalised sequence ratio")
+def sequence_ratio(logp_new, logp_old, mask):
+    """exp(mean over real tokens of logp_new - logp_old); [B, T] -> [B]."""
+    V.matching_floats(logp_new=logp_new, logp_old=logp_old)
+    m = V.check_mask(mask, logp_new, "logp_new")
+    diff = torch.where(m > 0, logp_new - logp_old, torch.zeros((), dtype=logp_new.dtype))
+    return torch.exp(diff.sum(-1) / m.sum(-1).clamp_min(1.0))
+
+
+@mistake(sequence_ratio, "that is the product of the token ratios; GSPO takes its |y|-th root "
+         "(divide the summed log-ratio by the response length)")
+def _sr_product(logp_new, logp_old, mask):
+    return torch.exp(((logp_new - logp_old) * mask).sum(-1))
+
+
+@mistake(sequence_ratio, "padding was counted in the length: divide by the number of real tokens")
+def _sr_pad_in_mean(logp_new, logp_old, mask):
+    return torch.exp(((logp_new - logp_old) * mask).mean(-1))
+
+
+@mistake(sequence_ratio, "you averaged the token ratios; GSPO averages the LOG-ratios, then "
+         "exponentiates (a geometric mean)")
+def _sr_mean_of_ratios(logp_new, logp_old, mask):
+    return (torch.exp(logp_new - logp_old) * mask).sum(-1) / mask.sum(-1)
+
+
+@mistake(sequence_ratio, "the ratio is new over old, not old over new")
+def _sr_inverted(logp_new, logp_old, mask):
+    return 1.0 / sequence_ratio(logp_new, logp_old, mask)

@@ -26,66 +26,14 @@ import math
 
 import torch
 
-from rlkit.exercises import Case, Exercise, Mistake, register, float_tensors
+from rlkit import _validate as V
+from rlkit.exercises import Case, exercise, mistake
 
 __all__: list[str] = []
 F64 = torch.float64
 
 
-def _mask_like(fn, mask, ref, ref_name):
-    if not isinstance(mask, torch.Tensor) or tuple(mask.shape) != tuple(ref.shape):
-        got = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
-        raise ValueError(f"{fn}: mask must have the shape of {ref_name} {tuple(ref.shape)}, got {got}")
-
-
-def _number(fn, name, x):
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
-        raise TypeError(f"{fn}: {name} must be a finite number, got {x!r}")
-
-
 # ------------------------------------------------------------------- 1. behaviour_logprobs
-
-def _behaviour_logprobs(logp_versions, versions, mask):
-    r""":math:`\log\mu_{b,t} = \text{logp\_versions}[v_{b,t}, b, t]` on real tokens, 0 at padding.
-
-    ``logp_versions [M, B, T]``, ``versions`` long ``[B]`` or ``[B, T]``, ``mask [B, T]`` -> ``[B, T]``.
-    """
-    float_tensors("behaviour_logprobs", logp_versions=logp_versions)
-    if logp_versions.dim() != 3:
-        raise ValueError(f"behaviour_logprobs: logp_versions must be [versions, batch, tokens], "
-                         f"got shape {tuple(logp_versions.shape)}")
-    M, B, T = logp_versions.shape
-    if not isinstance(versions, torch.Tensor) or versions.dtype != torch.long:
-        raise TypeError("behaviour_logprobs: versions must be a LongTensor [batch] or [batch, tokens]")
-    if tuple(versions.shape) not in ((B,), (B, T)):
-        raise ValueError(f"behaviour_logprobs: versions must have shape ({B},) or ({B}, {T}), "
-                         f"got {tuple(versions.shape)}")
-    if versions.numel() and (int(versions.min()) < 0 or int(versions.max()) >= M):
-        raise ValueError(f"behaviour_logprobs: versions must lie in [0, {M}), got values in "
-                         f"[{int(versions.min())}, {int(versions.max())}]")
-    _mask_like("behaviour_logprobs", mask, logp_versions[0], "one version's log-probs")
-    idx = versions if versions.dim() == 2 else versions[:, None].expand(B, T)
-    picked = logp_versions.gather(0, idx[None]).squeeze(0)
-    return torch.where(mask.bool(), picked, torch.zeros((), dtype=picked.dtype))
-
-
-def _bl_newest(logp_versions, versions, mask):
-    return logp_versions[-1] * mask
-
-
-def _bl_lag_index(logp_versions, versions, mask):
-    M = logp_versions.shape[0]
-    return _behaviour_logprobs(logp_versions, M - 1 - versions, mask)
-
-
-def _bl_first_token_version(logp_versions, versions, mask):
-    v = versions if versions.dim() == 1 else versions[:, 0]
-    return _behaviour_logprobs(logp_versions, v, mask)
-
-
-def _bl_unmasked(logp_versions, versions, mask):
-    return _behaviour_logprobs(logp_versions, versions, torch.ones_like(mask))
-
 
 def _bl_cases():
     g = torch.Generator().manual_seed(808)
@@ -105,58 +53,48 @@ def _bl_cases():
     ]
 
 
-register(Exercise(
-    name="behaviour_logprobs", chapter=8, reference=_behaviour_logprobs, cases=_bl_cases,
-    mistakes=[
-        Mistake(_bl_newest, "every response was scored with the NEWEST version; each response (or token) "
-                "must be divided by the version that actually produced it"),
-        Mistake(_bl_lag_index, "version ids were read as lags counted back from the newest version: "
-                "versions[b] is an index into logp_versions, 0 = the first (oldest) version kept"),
-        Mistake(_bl_first_token_version, "one version per response was used, the version of its first token; "
-                "with in-flight weight updates (versions of shape [B, T]) every token has its own version"),
-        Mistake(_bl_unmasked, "padding positions keep a log-probability; set them to 0 so that sums over "
-                "tokens see only the real response"),
-    ],
-    atol=1e-6, description="Behaviour log-probabilities of a batch that mixes policy versions."))
+@exercise(chapter=8, cases=_bl_cases, description="Behaviour log-probabilities of a batch that mixes policy versions.")
+def behaviour_logprobs(logp_versions, versions, mask):
+    r""":math:`\log\mu_{b,t} = \text{logp\_versions}[v_{b,t}, b, t]` on real tokens, 0 at padding.
+
+    ``logp_versions [M, B, T]``, ``versions`` long ``[B]`` or ``[B, T]``, ``mask [B, T]`` -> ``[B, T]``.
+    """
+    sizes = V.layout("M B T", floating=True, logp_versions=logp_versions)
+    M, B, T = logp_versions.shape
+    per_token = isinstance(versions, torch.Tensor) and versions.dim() == 2
+    V.index_tensor(versions, "versions", shape=(B, T) if per_token else (B,),
+                   shape_of="[B] or [B, T]", n=sizes["M"])
+    m = V.bool_mask(mask, logp_versions[0], "one version's log-probs, logp_versions[0]")
+    idx = versions if per_token else versions[:, None].expand(B, T)
+    picked = logp_versions.gather(0, idx[None]).squeeze(0)
+    return torch.where(m, picked, torch.zeros((), dtype=picked.dtype))
+
+
+@mistake(behaviour_logprobs, "every response was scored with the NEWEST version; each response (or token) "
+         "must be divided by the version that actually produced it")
+def _bl_newest(logp_versions, versions, mask):
+    return logp_versions[-1] * mask
+
+
+@mistake(behaviour_logprobs, "version ids were read as lags counted back from the newest version: "
+         "versions[b] is an index into logp_versions, 0 = the first (oldest) version kept")
+def _bl_lag_index(logp_versions, versions, mask):
+    return behaviour_logprobs(logp_versions, logp_versions.shape[0] - 1 - versions, mask)
+
+
+@mistake(behaviour_logprobs, "one version per response was used, the version of its first token; "
+         "with in-flight weight updates (versions of shape [B, T]) every token has its own version")
+def _bl_first_token_version(logp_versions, versions, mask):
+    return behaviour_logprobs(logp_versions, versions if versions.dim() == 1 else versions[:, 0], mask)
+
+
+@mistake(behaviour_logprobs, "padding positions keep a log-probability; set them to 0 so that sums over "
+         "tokens see only the real response")
+def _bl_unmasked(logp_versions, versions, mask):
+    return behaviour_logprobs(logp_versions, versions, torch.ones_like(mask))
 
 
 # ------------------------------------------------------------------- 2. truncated_is_weights
-
-def _check_tis(logp_learner, logp_sampler, mask, cap):
-    float_tensors("truncated_is_weights", logp_learner=logp_learner, logp_sampler=logp_sampler)
-    if logp_learner.shape != logp_sampler.shape:
-        raise ValueError(f"truncated_is_weights: logp_learner {tuple(logp_learner.shape)} and logp_sampler "
-                         f"{tuple(logp_sampler.shape)} must have the same shape")
-    _mask_like("truncated_is_weights", mask, logp_learner, "logp_learner")
-    _number("truncated_is_weights", "cap", cap)
-    if cap <= 0:
-        raise ValueError(f"truncated_is_weights: cap must be > 0 (typically 2 to 10), got {cap!r}")
-
-
-def _truncated_is_weights(logp_learner, logp_sampler, mask, cap):
-    r""":math:`w_t = \exp(\min(\log\pi_{\text{learner}} - \log\pi_{\text{sampler}}, \log C))`, 0 at padding."""
-    _check_tis(logp_learner, logp_sampler, mask, cap)
-    log_w = torch.clamp(logp_learner - logp_sampler, max=math.log(cap))
-    return torch.where(mask.bool(), torch.exp(log_w), torch.zeros((), dtype=log_w.dtype))
-
-
-def _tis_two_sided(logp_learner, logp_sampler, mask, cap):
-    w = torch.clamp(logp_learner - logp_sampler, min=-math.log(cap), max=math.log(cap)).exp()
-    return w * mask
-
-
-def _tis_inverted(logp_learner, logp_sampler, mask, cap):
-    return _truncated_is_weights(logp_sampler, logp_learner, mask, cap)
-
-
-def _tis_padding_one(logp_learner, logp_sampler, mask, cap):
-    w = _truncated_is_weights(logp_learner, logp_sampler, mask, cap)
-    return torch.where(mask.bool(), w, torch.full_like(w, min(1.0, cap)))
-
-
-def _tis_cap_on_log(logp_learner, logp_sampler, mask, cap):
-    return torch.exp(torch.clamp(logp_learner - logp_sampler, max=cap)) * mask
-
 
 def _tis_cases():
     g = torch.Generator().manual_seed(818)
@@ -176,80 +114,50 @@ def _tis_cases():
     ]
 
 
-register(Exercise(
-    name="truncated_is_weights", chapter=8, reference=_truncated_is_weights, cases=_tis_cases,
-    mistakes=[
-        Mistake(_tis_two_sided, "small ratios were raised to 1/cap; truncated importance sampling caps the "
-                "weight from ABOVE only (min(ratio, cap)): a token the sampler over-produced keeps its small weight"),
-        Mistake(_tis_inverted, "the ratio is upside down: the weight corrects samples of the SAMPLER towards the "
-                "LEARNER, pi_learner / pi_sampler"),
-        Mistake(_tis_padding_one, "padding positions got weight 1; they are not tokens of the response and "
-                "must get weight 0"),
-        Mistake(_tis_cap_on_log, "the cap was applied to the log-ratio (weights up to e^cap); cap bounds the "
-                "ratio itself, so clamp the log-ratio at log(cap)"),
-    ],
-    atol=1e-6, rtol=1e-5, description="Truncated importance weights for the sampler/learner mismatch."))
+@exercise(chapter=8, cases=_tis_cases, rtol=1e-5,
+          description="Truncated importance weights for the sampler/learner mismatch.")
+def truncated_is_weights(logp_learner, logp_sampler, mask, cap):
+    r""":math:`w_t = \exp(\min(\log\pi_{\text{learner}} - \log\pi_{\text{sampler}}, \log C))`, 0 at padding."""
+    V.matching_floats(logp_learner=logp_learner, logp_sampler=logp_sampler)
+    m = V.bool_mask(mask, logp_learner, "logp_learner")
+    cap = V.real_in(cap, "cap (typically 2 to 10)", 0.0, lo_open=True)
+    log_w = torch.clamp(logp_learner - logp_sampler, max=math.log(cap))
+    return torch.where(m, torch.exp(log_w), torch.zeros((), dtype=log_w.dtype))
+
+
+@mistake(truncated_is_weights, "small ratios were raised to 1/cap; truncated importance sampling caps the "
+         "weight from ABOVE only (min(ratio, cap)): a token the sampler over-produced keeps its small weight")
+def _tis_two_sided(logp_learner, logp_sampler, mask, cap):
+    return torch.clamp(logp_learner - logp_sampler, min=-math.log(cap), max=math.log(cap)).exp() * mask
+
+
+@mistake(truncated_is_weights, "the ratio is upside down: the weight corrects samples of the SAMPLER towards the "
+         "LEARNER, pi_learner / pi_sampler")
+def _tis_inverted(logp_learner, logp_sampler, mask, cap):
+    return truncated_is_weights(logp_sampler, logp_learner, mask, cap)
+
+
+@mistake(truncated_is_weights, "padding positions got weight 1; they are not tokens of the response and "
+         "must get weight 0")
+def _tis_padding_one(logp_learner, logp_sampler, mask, cap):
+    w = truncated_is_weights(logp_learner, logp_sampler, mask, cap)
+    return torch.where(mask.bool(), w, torch.full_like(w, min(1.0, cap)))
+
+
+@mistake(truncated_is_weights, "the cap was applied to the log-ratio (weights up to e^cap); cap bounds the "
+         "ratio itself, so clamp the log-ratio at log(cap)")
+def _tis_cap_on_log(logp_learner, logp_sampler, mask, cap):
+    return torch.exp(torch.clamp(logp_learner - logp_sampler, max=cap)) * mask
 
 
 # ------------------------------------------------------------------- 3. lognormal_tail_share
 
-def _check_lts(lengths, token_mean, token_var, low, high):
-    if not isinstance(lengths, torch.Tensor) or lengths.dim() != 1:
-        raise TypeError("lognormal_tail_share: lengths must be a 1-D torch.Tensor of response lengths")
-    if lengths.numel() and float(lengths.min()) < 1:
-        raise ValueError(f"lognormal_tail_share: lengths must be >= 1, got min {float(lengths.min())}")
-    for name, x in (("token_mean", token_mean), ("token_var", token_var), ("low", low), ("high", high)):
-        _number("lognormal_tail_share", name, x)
-    if token_var <= 0:
-        raise ValueError(f"lognormal_tail_share: token_var must be > 0, got {token_var!r}")
-    if not 0 < low < high:
-        raise ValueError(f"lognormal_tail_share: need 0 < low < high, got low={low!r}, high={high!r}")
-
-
-def _lognormal_tail_share(lengths, token_mean, token_var, low=0.5, high=2.0):
-    r""":math:`P(\rho_T\notin[\ell,h])` for :math:`\log\rho_T\sim\mathcal N(Tm, Ts^2)`; ``lengths [N]`` -> ``[N]`` float64."""
-    _check_lts(lengths, token_mean, token_var, low, high)
-    T = lengths.to(F64)
-    mean, std = T * token_mean, torch.sqrt(T * token_var)
-    below = torch.special.ndtr((math.log(low) - mean) / std)
-    above = 1.0 - torch.special.ndtr((math.log(high) - mean) / std)
-    return below + above
-
-
-def _lts_parts(lengths, mean, std, low, high):
+def _tails(mean, std, low, high):
+    r"""The shares below and above the band,
+    :math:`(\Phi(\frac{\log \ell - \mu}{\sigma}),\ 1 - \Phi(\frac{\log h - \mu}{\sigma}))`."""
     below = torch.special.ndtr((math.log(low) - mean) / std)
     above = 1.0 - torch.special.ndtr((math.log(high) - mean) / std)
     return below, above
-
-
-def _lts_no_drift(lengths, token_mean, token_var, low=0.5, high=2.0):
-    T = lengths.to(F64)
-    b, a = _lts_parts(T, torch.zeros_like(T), torch.sqrt(T * token_var), low, high)
-    return b + a
-
-
-def _lts_std_linear(lengths, token_mean, token_var, low=0.5, high=2.0):
-    T = lengths.to(F64)
-    b, a = _lts_parts(T, T * token_mean, T * math.sqrt(token_var), low, high)
-    return b + a
-
-
-def _lts_mean_not_scaled(lengths, token_mean, token_var, low=0.5, high=2.0):
-    T = lengths.to(F64)
-    b, a = _lts_parts(T, torch.full_like(T, token_mean), torch.sqrt(T * token_var), low, high)
-    return b + a
-
-
-def _lts_upper_only(lengths, token_mean, token_var, low=0.5, high=2.0):
-    T = lengths.to(F64)
-    b, a = _lts_parts(T, T * token_mean, torch.sqrt(T * token_var), low, high)
-    return a
-
-
-def _lts_var_as_std(lengths, token_mean, token_var, low=0.5, high=2.0):
-    T = lengths.to(F64)
-    b, a = _lts_parts(T, T * token_mean, torch.sqrt(T) * token_var, low, high)
-    return b + a
 
 
 def _lts_cases():
@@ -263,60 +171,57 @@ def _lts_cases():
     ]
 
 
-register(Exercise(
-    name="lognormal_tail_share", chapter=8, reference=_lognormal_tail_share, cases=_lts_cases,
-    mistakes=[
-        Mistake(_lts_no_drift, "the drift is missing: log rho_T has mean T * token_mean (= -T * KL per token), "
-                "and this drift is what pushes most sequence ratios below `low`"),
-        Mistake(_lts_std_linear, "the spread grows like sqrt(T) (a sum of T independent terms has variance "
-                "T * token_var), not like T"),
-        Mistake(_lts_mean_not_scaled, "the mean of a sum of T tokens is T * token_mean, not token_mean"),
-        Mistake(_lts_upper_only, "only ratios above `high` were counted; ratios below `low` count too (and are "
-                "the majority once the drift dominates)"),
-        Mistake(_lts_var_as_std, "token_var is a variance; the per-token standard deviation is its square root"),
-    ],
-    atol=1e-9, rtol=1e-7, description="Gaussian prediction of the share of sequence ratios outside [low, high]."))
+@exercise(chapter=8, cases=_lts_cases, atol=1e-9, rtol=1e-7,
+          description="Gaussian prediction of the share of sequence ratios outside [low, high].")
+def lognormal_tail_share(lengths, token_mean, token_var, low=0.5, high=2.0):
+    r""":math:`P(\rho_T\notin[\ell,h])` for :math:`\log\rho_T\sim\mathcal N(Tm, Ts^2)`;
+    ``lengths [N]`` -> ``[N]`` float64."""
+    V.layout("N", lengths=lengths)
+    V.in_unit_interval(lengths, "lengths (response lengths)", lo=1, hi=math.inf)
+    token_mean = V.real_in(token_mean, "token_mean")
+    token_var = V.real_in(token_var, "token_var", 0.0, lo_open=True)
+    low = V.real_in(low, "low", 0.0, lo_open=True)
+    high = V.real_in(high, "high (above low)", low, lo_open=True)
+    T = lengths.to(F64)
+    below, above = _tails(T * token_mean, torch.sqrt(T * token_var), low, high)
+    return below + above
+
+
+@mistake(lognormal_tail_share, "the drift is missing: log rho_T has mean T * token_mean (= -T * KL per token), "
+         "and this drift is what pushes most sequence ratios below `low`")
+def _lts_no_drift(lengths, token_mean, token_var, low=0.5, high=2.0):
+    return lognormal_tail_share(lengths, 0.0, token_var, low, high)
+
+
+@mistake(lognormal_tail_share, "the spread grows like sqrt(T) (a sum of T independent terms has variance "
+         "T * token_var), not like T")
+def _lts_std_linear(lengths, token_mean, token_var, low=0.5, high=2.0):
+    T = lengths.to(F64)
+    return sum(_tails(T * token_mean, T * math.sqrt(token_var), low, high))
+
+
+@mistake(lognormal_tail_share, "the mean of a sum of T tokens is T * token_mean, not token_mean")
+def _lts_mean_not_scaled(lengths, token_mean, token_var, low=0.5, high=2.0):
+    T = lengths.to(F64)
+    return sum(_tails(torch.full_like(T, token_mean), torch.sqrt(T * token_var), low, high))
+
+
+@mistake(lognormal_tail_share, "only ratios above `high` were counted; ratios below `low` count too (and are "
+         "the majority once the drift dominates)")
+def _lts_upper_only(lengths, token_mean, token_var, low=0.5, high=2.0):
+    T = lengths.to(F64)
+    return _tails(T * token_mean, torch.sqrt(T * token_var), low, high)[1]
+
+
+@mistake(lognormal_tail_share, "token_var is a variance; the per-token standard deviation is its square root")
+def _lts_var_as_std(lengths, token_mean, token_var, low=0.5, high=2.0):
+    return lognormal_tail_share(lengths, token_mean, token_var ** 2, low, high)
 
 
 # ------------------------------------------------------------------- 4. stale_advantage_error
 
-def _check_sae(v_behaviour, v_current, eps):
-    float_tensors("stale_advantage_error", v_behaviour=v_behaviour, v_current=v_current)
-    if v_behaviour.shape != v_current.shape:
-        raise ValueError(f"stale_advantage_error: v_behaviour {tuple(v_behaviour.shape)} and v_current "
-                         f"{tuple(v_current.shape)} must have the same shape")
-    for name, v in (("v_behaviour", v_behaviour), ("v_current", v_current)):
-        if v.numel() and (float(v.min()) < 0 or float(v.max()) > 1):
-            raise ValueError(f"stale_advantage_error: {name} holds success probabilities, which must lie in [0, 1]")
-    _number("stale_advantage_error", "eps", eps)
-    if eps < 0:
-        raise ValueError(f"stale_advantage_error: eps must be >= 0, got {eps!r}")
-
-
 def _adv(r, v, eps):
     return (r - v) / (torch.sqrt(v * (1 - v)) + eps)
-
-
-def _stale_advantage_error(v_behaviour, v_current, eps=1e-6):
-    r""":math:`v_b\,|A_{v_b}(1) - A_{v_c}(1)| + (1 - v_b)\,|A_{v_b}(0) - A_{v_c}(0)|`, elementwise."""
-    _check_sae(v_behaviour, v_current, eps)
-    vb, vc = v_behaviour, v_current
-    return vb * (_adv(1.0, vb, eps) - _adv(1.0, vc, eps)).abs() + (1 - vb) * (_adv(0.0, vb, eps) - _adv(0.0, vc, eps)).abs()
-
-
-def _sae_behaviour_std(v_behaviour, v_current, eps=1e-6):
-    # both advantages divided by the behaviour std (equivalently: expectation under v_current)
-    vb, vc = v_behaviour, v_current
-    s = torch.sqrt(vb * (1 - vb)) + eps
-    return vb * ((1 - vb) / s - (1 - vc) / s).abs() + (1 - vb) * ((-vb) / s - (-vc) / s).abs()
-
-
-def _sae_unnormalised(v_behaviour, v_current, eps=1e-6):
-    return (v_current - v_behaviour).abs()
-
-
-def _sae_signed(v_behaviour, v_current, eps=1e-6):
-    return (v_current - v_behaviour) / (torch.sqrt(v_current * (1 - v_current)) + eps)
 
 
 def _sae_cases():
@@ -333,16 +238,37 @@ def _sae_cases():
     ]
 
 
-register(Exercise(
-    name="stale_advantage_error", chapter=8, reference=_stale_advantage_error, cases=_sae_cases,
-    mistakes=[
-        Mistake(_sae_behaviour_std, "your error is |v_c - v_b| / sqrt(v_b (1 - v_b)): either both advantages were "
-                "divided by the behaviour version's standard deviation (the fresh one uses sqrt(v_c (1 - v_c))), or the "
-                "expectation was taken with the current success probability (the responses were sampled by the "
-                "behaviour version, so R = 1 has probability v_behaviour)"),
-        Mistake(_sae_unnormalised, "that is the error of the raw advantage R - v; GRPO also divides by the "
-                "group's standard deviation sqrt(v (1 - v)), which moves with v too"),
-        Mistake(_sae_signed, "the error is signed; the exercise asks for the expected ABSOLUTE error, which is "
-                "never negative"),
-    ],
-    atol=1e-9, rtol=1e-7, description="Expected error of GRPO advantages computed with stale group statistics."))
+@exercise(chapter=8, cases=_sae_cases, atol=1e-9, rtol=1e-7,
+          description="Expected error of GRPO advantages computed with stale group statistics.")
+def stale_advantage_error(v_behaviour, v_current, eps=1e-6):
+    r""":math:`v_b\,|A_{v_b}(1) - A_{v_c}(1)| + (1 - v_b)\,|A_{v_b}(0) - A_{v_c}(0)|`, elementwise."""
+    V.matching_floats(min_dim=0, v_behaviour=v_behaviour, v_current=v_current)
+    V.in_unit_interval(v_behaviour, "v_behaviour (success probabilities)")
+    V.in_unit_interval(v_current, "v_current (success probabilities)")
+    eps = V.real_in(eps, "eps", 0.0)
+    vb, vc = v_behaviour, v_current
+    return (vb * (_adv(1.0, vb, eps) - _adv(1.0, vc, eps)).abs()
+            + (1 - vb) * (_adv(0.0, vb, eps) - _adv(0.0, vc, eps)).abs())
+
+
+@mistake(stale_advantage_error, "your error is |v_c - v_b| / sqrt(v_b (1 - v_b)): either both advantages were "
+         "divided by the behaviour version's standard deviation (the fresh one uses sqrt(v_c (1 - v_c))), or the "
+         "expectation was taken with the current success probability (the responses were sampled by the "
+         "behaviour version, so R = 1 has probability v_behaviour)")
+def _sae_behaviour_std(v_behaviour, v_current, eps=1e-6):
+    # both advantages divided by the behaviour std (equivalently: expectation under v_current)
+    vb, vc = v_behaviour, v_current
+    s = torch.sqrt(vb * (1 - vb)) + eps
+    return vb * ((1 - vb) / s - (1 - vc) / s).abs() + (1 - vb) * ((-vb) / s - (-vc) / s).abs()
+
+
+@mistake(stale_advantage_error, "that is the error of the raw advantage R - v; GRPO also divides by the "
+         "group's standard deviation sqrt(v (1 - v)), which moves with v too")
+def _sae_unnormalised(v_behaviour, v_current, eps=1e-6):
+    return (v_current - v_behaviour).abs()
+
+
+@mistake(stale_advantage_error, "the error is signed; the exercise asks for the expected ABSOLUTE error, which is "
+         "never negative")
+def _sae_signed(v_behaviour, v_current, eps=1e-6):
+    return (v_current - v_behaviour) / (torch.sqrt(v_current * (1 - v_current)) + eps)

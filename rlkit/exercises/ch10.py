@@ -11,41 +11,16 @@ from __future__ import annotations
 
 import torch
 
+from rlkit import _validate as V
 from rlkit import tabular as T
-from rlkit.exercises import Case, Exercise, Mistake, register, float_tensors
+from rlkit.exercises import Case, exercise, mistake
+from rlkit.exercises.ch09 import discounted_visitation
 
 __all__: list[str] = []
 F64 = torch.float64
 
 
 # ------------------------------------------------------------------- 1. augmented_transition
-
-def _augmented_transition(P, kernel):
-    r""":math:`\tilde P[sM+i, a, s'M+i'] = P[s,a,s']\,q[i,i']`; ``P[S, A, S]``, ``kernel[M, M]`` -> ``[S*M, A, S*M]``."""
-    float_tensors("augmented_transition", P=P, kernel=kernel)
-    if P.dim() != 3 or P.shape[0] != P.shape[2] or kernel.dim() != 2 or kernel.shape[0] != kernel.shape[1]:
-        raise ValueError(f"augmented_transition: need P [S, A, S] and kernel [M, M], got "
-                         f"{tuple(P.shape)} and {tuple(kernel.shape)}")
-    S, A, _ = P.shape
-    M = kernel.shape[0]
-    out = P[:, None, :, :, None] * kernel[None, :, None, None, :]     # [S, M, A, S, M]
-    return out.reshape(S * M, A, S * M)
-
-
-def _aug_kernel_transposed(P, kernel):
-    return _augmented_transition(P, kernel.T.contiguous())
-
-
-def _aug_index_major(P, kernel):
-    S, A, _ = P.shape
-    M = kernel.shape[0]
-    out = kernel[:, None, None, :, None] * P[None, :, :, None, :]     # [M, S, A, M, S]
-    return out.reshape(M * S, A, M * S)
-
-
-def _aug_identity(P, kernel):
-    return _augmented_transition(P, torch.eye(kernel.shape[0], dtype=kernel.dtype))
-
 
 def _aug_cases():
     g = torch.Generator().manual_seed(1010)
@@ -60,57 +35,44 @@ def _aug_cases():
     ]
 
 
-register(Exercise(
-    name="augmented_transition",
-    chapter=10,
-    reference=_augmented_transition,
-    cases=_aug_cases,
-    mistakes=[
-        Mistake(_aug_kernel_transposed, "the kernel is transposed: row i of q is the distribution q(.|i) of "
-                "the NEXT index given the current one, so the factor is kernel[i, i']"),
-        Mistake(_aug_index_major, "the flat index is i * S + s (version-major); the book's layout is "
-                "s * M + i, so that x.reshape(S, M) recovers (s, i)"),
-        Mistake(_aug_identity, "the index never changes in your kernel (trajectory-level mixing); "
-                "multiply by q(i'|i) so that step-level kernels switch versions"),
-    ],
-    atol=1e-12,
-    description="Transition kernel of the augmented MDP on S x I.",
-))
+@exercise(chapter=10, cases=_aug_cases, atol=1e-12, description="Transition kernel of the augmented MDP on S x I.")
+def augmented_transition(P, kernel):
+    r""":math:`\tilde P[sM+i, a, s'M+i'] = P[s,a,s']\,q[i,i']`;
+    ``P[S, A, S]``, ``kernel[M, M]`` -> ``[S*M, A, S*M]``."""
+    V.layout("S A S", floating=True, P=P)
+    V.layout("M M", floating=True, kernel=kernel)
+    S, A, _ = P.shape
+    M = kernel.shape[0]
+    out = P[:, None, :, :, None] * kernel[None, :, None, None, :]     # [S, M, A, S, M]
+    return out.reshape(S * M, A, S * M)
+
+
+@mistake(augmented_transition, "the kernel is transposed: row i of q is the distribution q(.|i) of "
+         "the NEXT index given the current one, so the factor is kernel[i, i']")
+def _aug_kernel_transposed(P, kernel):
+    return augmented_transition(P, kernel.T.contiguous())
+
+
+@mistake(augmented_transition, "the flat index is i * S + s (version-major); the book's layout is "
+         "s * M + i, so that x.reshape(S, M) recovers (s, i)")
+def _aug_index_major(P, kernel):
+    S, A, _ = P.shape
+    out = kernel[:, None, None, :, None] * P[None, :, :, None, :]     # [M, S, A, M, S]
+    return out.reshape(kernel.shape[0] * S, A, kernel.shape[0] * S)
+
+
+@mistake(augmented_transition, "the index never changes in your kernel (trajectory-level mixing); "
+         "multiply by q(i'|i) so that step-level kernels switch versions")
+def _aug_identity(P, kernel):
+    return augmented_transition(P, torch.eye(kernel.shape[0], dtype=kernel.dtype))
 
 
 # --------------------------------------------------------------------- 2. mixture_visitation
 
-def _d(P, rho0, pi, gamma):
-    Ppi = torch.einsum("...sa,sat->...st", pi, P)
-    eye = torch.eye(P.shape[0], dtype=P.dtype)
-    return torch.linalg.solve((eye - gamma * Ppi).transpose(-1, -2), ((1 - gamma) * rho0)[..., None])[..., 0]
-
-
-def _mixture_visitation(P, rho0, policies, alpha, gamma):
-    r""":math:`d_\beta(s,i) = \alpha_i\, d_{\pi^{(i)}}(s)`; ``P[S,A,S]``, ``rho0[S]``, ``policies[M,S,A]``,
-    ``alpha[M]`` -> ``[S, M]``."""
-    float_tensors("mixture_visitation", P=P, rho0=rho0, policies=policies, alpha=alpha)
-    if policies.dim() != 3 or tuple(policies.shape[1:]) != tuple(P.shape[:2]) or alpha.shape != policies.shape[:1]:
-        raise ValueError("mixture_visitation: need P [S, A, S], rho0 [S], policies [M, S, A], alpha [M]")
-    d = _d(P, rho0, policies, gamma)                                  # [M, S]
-    return (alpha[:, None] * d).T
-
-
-def _mv_no_alpha(P, rho0, policies, alpha, gamma):
-    return _d(P, rho0, policies, gamma).T
-
-
-def _mv_average_policy(P, rho0, policies, alpha, gamma):
-    pbar = (alpha[:, None, None] * policies).sum(0)
-    return _d(P, rho0, pbar, gamma)[:, None] * alpha[None, :]
-
-
-def _mv_unnormalised(P, rho0, policies, alpha, gamma):
-    return _mixture_visitation(P, rho0, policies, alpha, gamma) / (1 - gamma)
-
-
-def _mv_uniform(P, rho0, policies, alpha, gamma):
-    return _d(P, rho0, policies, gamma).T / policies.shape[0]
+def _visitation_of(P, rho0, pi, gamma):
+    r""":math:`d_\pi` of chapter 9 for the policies ``pi[..., S, A]`` of one MDP ``P[S, A, S]``."""
+    P_pi = torch.einsum("...sa,sat->...st", pi, P)
+    return discounted_visitation(P_pi, rho0.expand(P_pi.shape[:-1]), gamma)
 
 
 def _mv_cases():
@@ -124,54 +86,48 @@ def _mv_cases():
     return out
 
 
-register(Exercise(
-    name="mixture_visitation",
-    chapter=10,
-    reference=_mixture_visitation,
-    cases=_mv_cases,
-    mistakes=[
-        Mistake(_mv_no_alpha, "each version's visitation must be weighted by its share alpha_i: "
-                "d_beta(s, i) = alpha_i d_i(s) sums to 1 over (s, i); yours sums to M"),
-        Mistake(_mv_average_policy, "you computed the visitation of the AVERAGE policy sum_i alpha_i pi^(i). "
-                "A trajectory-level mixture runs one version per trajectory; the mixture of visitations is "
-                "not the visitation of the mixed policy"),
-        Mistake(_mv_unnormalised, "the visitation is not normalised: the factor (1 - gamma) is missing"),
-        Mistake(_mv_uniform, "the versions are weighted uniformly (1/M); use the mixture weights alpha"),
-    ],
-    atol=1e-9,
-    description="Visitation of a trajectory-level mixture on the augmented space.",
-))
+@exercise(chapter=10, cases=_mv_cases, atol=1e-9,
+          description="Visitation of a trajectory-level mixture on the augmented space.")
+def mixture_visitation(P, rho0, policies, alpha, gamma):
+    r""":math:`d_\beta(s,i) = \alpha_i\, d_{\pi^{(i)}}(s)`; ``P[S,A,S]``, ``rho0[S]``, ``policies[M,S,A]``,
+    ``alpha[M]`` -> ``[S, M]``."""
+    sizes = V.layout("S A S", floating=True, P=P)
+    V.layout("S", sizes, floating=True, rho0=rho0)
+    sizes = V.layout("M S A", sizes, floating=True, policies=policies)
+    V.layout("M", sizes, floating=True, alpha=alpha)
+    d = _visitation_of(P, rho0, policies, gamma)                       # [M, S]
+    return (alpha[:, None] * d).T
+
+
+@mistake(mixture_visitation, "each version's visitation must be weighted by its share alpha_i: "
+         "d_beta(s, i) = alpha_i d_i(s) sums to 1 over (s, i); yours sums to M")
+def _mv_no_alpha(P, rho0, policies, alpha, gamma):
+    return _visitation_of(P, rho0, policies, gamma).T
+
+
+@mistake(mixture_visitation, "you computed the visitation of the AVERAGE policy sum_i alpha_i pi^(i). "
+         "A trajectory-level mixture runs one version per trajectory; the mixture of visitations is "
+         "not the visitation of the mixed policy")
+def _mv_average_policy(P, rho0, policies, alpha, gamma):
+    pbar = (alpha[:, None, None] * policies).sum(0)
+    return _visitation_of(P, rho0, pbar, gamma)[:, None] * alpha[None, :]
+
+
+@mistake(mixture_visitation, "the visitation is not normalised: the factor (1 - gamma) is missing")
+def _mv_unnormalised(P, rho0, policies, alpha, gamma):
+    return mixture_visitation(P, rho0, policies, alpha, gamma) / (1 - gamma)
+
+
+@mistake(mixture_visitation, "the versions are weighted uniformly (1/M); use the mixture weights alpha")
+def _mv_uniform(P, rho0, policies, alpha, gamma):
+    return mixture_visitation(P, rho0, policies, torch.full_like(alpha, 1.0 / alpha.numel()), gamma)
 
 
 # ---------------------------------------------------------------------- 3. corollary31_bound
 
-def _cor31(alpha, surrogates, eps, expected_tv, gamma):
-    r""":math:`\sum_i\alpha_i L_i - \frac{2\gamma\max_i\epsilon_i}{(1-\gamma)^2}\sum_i\alpha_i\,\mathbb E_{d_i}[D_{TV}]`;
-    inputs ``[..., M]`` -> ``[...]``."""
-    float_tensors("corollary31_bound", alpha=alpha, surrogates=surrogates, eps=eps, expected_tv=expected_tv)
-    if not (alpha.shape == surrogates.shape == eps.shape == expected_tv.shape):
-        raise ValueError("corollary31_bound: alpha, surrogates, eps, expected_tv must share one shape [..., M]")
-    L = (alpha * surrogates).sum(-1)
-    return L - 2 * gamma * eps.amax(-1) / (1 - gamma) ** 2 * (alpha * expected_tv).sum(-1)
-
-
-def _c31_weighted_eps(alpha, surrogates, eps, expected_tv, gamma):
-    L = (alpha * surrogates).sum(-1)
-    return L - 2 * gamma * (alpha * eps).sum(-1) / (1 - gamma) ** 2 * (alpha * expected_tv).sum(-1)
-
-
-def _c31_not_squared(alpha, surrogates, eps, expected_tv, gamma):
-    L = (alpha * surrogates).sum(-1)
-    return L - 2 * gamma * eps.amax(-1) / (1 - gamma) * (alpha * expected_tv).sum(-1)
-
-
-def _c31_unweighted(alpha, surrogates, eps, expected_tv, gamma):
-    return surrogates.mean(-1) - 2 * gamma * eps.amax(-1) / (1 - gamma) ** 2 * expected_tv.mean(-1)
-
-
-def _c31_max_tv(alpha, surrogates, eps, expected_tv, gamma):
-    L = (alpha * surrogates).sum(-1)
-    return L - 2 * gamma * eps.amax(-1) / (1 - gamma) ** 2 * expected_tv.amax(-1)
+def _bound(surrogate, eps, expected_tv, gamma, horizon_power=2):
+    r""":math:`L - \frac{2\gamma\epsilon}{(1-\gamma)^2}\,\overline{D_{TV}}` (``horizon_power`` is the 2)."""
+    return surrogate - 2 * gamma * eps / (1 - gamma) ** horizon_power * expected_tv
 
 
 def _c31_cases():
@@ -186,20 +142,35 @@ def _c31_cases():
     return out
 
 
-register(Exercise(
-    name="corollary31_bound",
-    chapter=10,
-    reference=_cor31,
-    cases=_c31_cases,
-    mistakes=[
-        Mistake(_c31_weighted_eps, "Corollary 3.1 uses the LARGEST epsilon over versions, max_i eps_i, "
-                "because epsilon of the augmented MDP is a max over all augmented states (s, i)"),
-        Mistake(_c31_not_squared, "the constant is 2 gamma / (1 - gamma)^2, squared"),
-        Mistake(_c31_unweighted, "the versions must be weighted by their mixture shares alpha_i, "
-                "not averaged uniformly"),
-        Mistake(_c31_max_tv, "the penalty uses the alpha-weighted average of the versions' expected TV, "
-                "sum_i alpha_i E_{d_i}[D_TV], not the worst version's"),
-    ],
-    atol=1e-9,
-    description="The right-hand side of Corollary 3.1 from per-version terms.",
-))
+@exercise(chapter=10, cases=_c31_cases, atol=1e-9,
+          description="The right-hand side of Corollary 3.1 from per-version terms.")
+def corollary31_bound(alpha, surrogates, eps, expected_tv, gamma):
+    r"""Corollary 3.1,
+    :math:`\sum_i\alpha_i L_i - \frac{2\gamma\max_i\epsilon_i}{(1-\gamma)^2}\sum_i\alpha_i\,\mathbb E_{d_i}[D_{TV}]`;
+    inputs ``[..., M]`` -> ``[...]``."""
+    V.matching_floats(alpha=alpha, surrogates=surrogates, eps=eps, expected_tv=expected_tv)
+    gamma = V.real_in(gamma, "gamma", 0.0, 1.0, hi_open=True)
+    return _bound((alpha * surrogates).sum(-1), eps.amax(-1), (alpha * expected_tv).sum(-1), gamma)
+
+
+@mistake(corollary31_bound, "Corollary 3.1 uses the LARGEST epsilon over versions, max_i eps_i, "
+         "because epsilon of the augmented MDP is a max over all augmented states (s, i)")
+def _c31_weighted_eps(alpha, surrogates, eps, expected_tv, gamma):
+    return _bound((alpha * surrogates).sum(-1), (alpha * eps).sum(-1), (alpha * expected_tv).sum(-1), gamma)
+
+
+@mistake(corollary31_bound, "the constant is 2 gamma / (1 - gamma)^2, squared")
+def _c31_not_squared(alpha, surrogates, eps, expected_tv, gamma):
+    return _bound((alpha * surrogates).sum(-1), eps.amax(-1), (alpha * expected_tv).sum(-1), gamma, 1)
+
+
+@mistake(corollary31_bound, "the versions must be weighted by their mixture shares alpha_i, "
+         "not averaged uniformly")
+def _c31_unweighted(alpha, surrogates, eps, expected_tv, gamma):
+    return corollary31_bound(torch.full_like(alpha, 1.0 / alpha.shape[-1]), surrogates, eps, expected_tv, gamma)
+
+
+@mistake(corollary31_bound, "the penalty uses the alpha-weighted average of the versions' expected TV, "
+         "sum_i alpha_i E_{d_i}[D_TV], not the worst version's")
+def _c31_max_tv(alpha, surrogates, eps, expected_tv, gamma):
+    return _bound((alpha * surrogates).sum(-1), eps.amax(-1), expected_tv.amax(-1), gamma)

@@ -9,38 +9,14 @@ from __future__ import annotations
 
 import torch
 
-from rlkit.exercises import Case, Exercise, Mistake, register, float_tensors
+from rlkit import _validate as V
+from rlkit.exercises import Case, exercise, mistake
 
 __all__: list[str] = []
 F64 = torch.float64
 
 
 # ---------------------------------------------------------------------- 1. step_level_kernel
-
-def _step_kernel(sigma, kappa):
-    r""":math:`q = (1-\sigma_i)\,I + \sigma_i\,\kappa(\cdot|i)`; ``sigma[..., M]``, ``kappa[..., M, M]`` -> ``[..., M, M]``."""
-    float_tensors("step_level_kernel", sigma=sigma, kappa=kappa)
-    if tuple(kappa.shape) != (*sigma.shape, sigma.shape[-1]):
-        raise ValueError("step_level_kernel: need sigma [..., M] and kappa [..., M, M]")
-    eye = torch.eye(sigma.shape[-1], dtype=kappa.dtype)
-    return (1 - sigma)[..., :, None] * eye + sigma[..., :, None] * kappa
-
-
-def _sk_columns(sigma, kappa):
-    eye = torch.eye(sigma.shape[-1], dtype=kappa.dtype)
-    return (1 - sigma)[..., None, :] * eye + sigma[..., None, :] * kappa
-
-
-def _sk_swapped(sigma, kappa):
-    eye = torch.eye(sigma.shape[-1], dtype=kappa.dtype)
-    return sigma[..., :, None] * eye + (1 - sigma)[..., :, None] * kappa
-
-
-def _sk_uniform(sigma, kappa):
-    M = sigma.shape[-1]
-    eye = torch.eye(M, dtype=kappa.dtype)
-    return (1 - sigma)[..., :, None] * eye + sigma[..., :, None] * torch.full_like(kappa, 1.0 / M)
-
 
 def _sk_cases():
     g = torch.Generator().manual_seed(1110)
@@ -54,50 +30,36 @@ def _sk_cases():
     ]
 
 
-register(Exercise(
-    name="step_level_kernel",
-    chapter=11,
-    reference=_step_kernel,
-    cases=_sk_cases,
-    mistakes=[
-        Mistake(_sk_columns, "sigma is indexed by the CURRENT version i (the row): sigma[..., :, None], "
-                "not sigma[..., None, :]; each row q(.|i) must sum to 1"),
-        Mistake(_sk_swapped, "the roles of sigma and 1 - sigma are swapped: sigma(i) is the probability of "
-                "SWITCHING, so the identity gets weight 1 - sigma(i)"),
-        Mistake(_sk_uniform, "a switch draws the next version from kappa(.|i), not uniformly"),
-    ],
-    atol=1e-12,
-    description="The step-level index kernel of a dynamic mixture.",
-))
+@exercise(chapter=11, cases=_sk_cases, atol=1e-12, description="The step-level index kernel of a dynamic mixture.")
+def step_level_kernel(sigma, kappa):
+    r""":math:`q = (1-\sigma_i)\,I + \sigma_i\,\kappa(\cdot|i)`;
+    ``sigma[..., M]``, ``kappa[..., M, M]`` -> ``[..., M, M]``."""
+    sizes = V.layout("... M", floating=True, sigma=sigma)
+    V.layout("... M M", sizes, floating=True, kappa=kappa)
+    eye = torch.eye(sigma.shape[-1], dtype=kappa.dtype)
+    return (1 - sigma)[..., :, None] * eye + sigma[..., :, None] * kappa
+
+
+@mistake(step_level_kernel, "sigma is indexed by the CURRENT version i (the row): sigma[..., :, None], "
+         "not sigma[..., None, :]; each row q(.|i) must sum to 1")
+def _sk_columns(sigma, kappa):
+    eye = torch.eye(sigma.shape[-1], dtype=kappa.dtype)
+    return (1 - sigma)[..., None, :] * eye + sigma[..., None, :] * kappa
+
+
+@mistake(step_level_kernel, "the roles of sigma and 1 - sigma are swapped: sigma(i) is the probability of "
+         "SWITCHING, so the identity gets weight 1 - sigma(i)")
+def _sk_swapped(sigma, kappa):
+    eye = torch.eye(sigma.shape[-1], dtype=kappa.dtype)
+    return sigma[..., :, None] * eye + (1 - sigma)[..., :, None] * kappa
+
+
+@mistake(step_level_kernel, "a switch draws the next version from kappa(.|i), not uniformly")
+def _sk_uniform(sigma, kappa):
+    return step_level_kernel(sigma, torch.full_like(kappa, 1.0 / sigma.shape[-1]))
 
 
 # ------------------------------------------------------------------ 2. update_shift_estimate
-
-def _u_hat(logp_new, logp_old, logp_behaviour):
-    r""":math:`\hat U = \frac12\,\mathrm{mean}\,|e^{\log\pi_{k+1}-\log\pi^{(i)}} - e^{\log\pi_k-\log\pi^{(i)}}|` over the last dim."""
-    float_tensors("update_shift_estimate", logp_new=logp_new, logp_old=logp_old, logp_behaviour=logp_behaviour)
-    if not (logp_new.shape == logp_old.shape == logp_behaviour.shape):
-        raise ValueError("update_shift_estimate: the three log-probability tensors must share one shape")
-    rho_new = torch.exp(logp_new - logp_behaviour)
-    rho_old = torch.exp(logp_old - logp_behaviour)
-    return 0.5 * (rho_new - rho_old).abs().mean(-1)
-
-
-def _u_no_half(logp_new, logp_old, logp_behaviour):
-    return 2 * _u_hat(logp_new, logp_old, logp_behaviour)
-
-
-def _u_incremental(logp_new, logp_old, logp_behaviour):
-    return 0.5 * (torch.exp(logp_new - logp_old) - 1).abs().mean(-1)
-
-
-def _u_no_abs(logp_new, logp_old, logp_behaviour):
-    return 0.5 * (torch.exp(logp_new - logp_behaviour) - torch.exp(logp_old - logp_behaviour)).mean(-1)
-
-
-def _u_log_space(logp_new, logp_old, logp_behaviour):
-    return 0.5 * (logp_new - logp_old).abs().mean(-1)
-
 
 def _u_cases():
     g = torch.Generator().manual_seed(1120)
@@ -117,52 +79,40 @@ def _u_cases():
     ]
 
 
-register(Exercise(
-    name="update_shift_estimate",
-    chapter=11,
-    reference=_u_hat,
-    cases=_u_cases,
-    mistakes=[
-        Mistake(_u_no_half, "Lemma 5.1 has a factor 1/2: D_TV is half the L1 distance"),
-        Mistake(_u_incremental, "you used the incremental ratio pi_{k+1}/pi_k alone; the samples come from "
-                "pi^(i), so each |r - 1| must be weighted by rho_k: |rho_{k+1} - rho_k| = rho_k |r - 1|"),
-        Mistake(_u_no_abs, "the absolute value is missing: the mean of rho_{k+1} - rho_k estimates "
-                "sum_a (pi_{k+1} - pi_k) = 0, not a distance"),
-        Mistake(_u_log_space, "you averaged |log rho_{k+1} - log rho_k|: a log-ratio difference is not the "
-                "ratio difference of Lemma 5.1 (form the log-ratios, then exponentiate before subtracting)"),
-    ],
-    atol=1e-10,
-    description="Sample estimate of U_k by Lemma 5.1.",
-))
+@exercise(chapter=11, cases=_u_cases, atol=1e-10, description="Sample estimate of U_k by Lemma 5.1.")
+def update_shift_estimate(logp_new, logp_old, logp_behaviour):
+    r"""Over the last dimension,
+    :math:`\hat U = \frac12\,\mathrm{mean}\,|e^{\log\pi_{k+1}-\log\pi^{(i)}} - e^{\log\pi_k-\log\pi^{(i)}}|`."""
+    V.matching_floats(logp_new=logp_new, logp_old=logp_old, logp_behaviour=logp_behaviour)
+    rho_new = torch.exp(logp_new - logp_behaviour)
+    rho_old = torch.exp(logp_old - logp_behaviour)
+    return 0.5 * (rho_new - rho_old).abs().mean(-1)
+
+
+@mistake(update_shift_estimate, "Lemma 5.1 has a factor 1/2: D_TV is half the L1 distance")
+def _u_no_half(logp_new, logp_old, logp_behaviour):
+    return 2 * update_shift_estimate(logp_new, logp_old, logp_behaviour)
+
+
+@mistake(update_shift_estimate, "you used the incremental ratio pi_{k+1}/pi_k alone; the samples come from "
+         "pi^(i), so each |r - 1| must be weighted by rho_k: |rho_{k+1} - rho_k| = rho_k |r - 1|")
+def _u_incremental(logp_new, logp_old, logp_behaviour):
+    return update_shift_estimate(logp_new, logp_old, logp_old)
+
+
+@mistake(update_shift_estimate, "the absolute value is missing: the mean of rho_{k+1} - rho_k estimates "
+         "sum_a (pi_{k+1} - pi_k) = 0, not a distance")
+def _u_no_abs(logp_new, logp_old, logp_behaviour):
+    return 0.5 * (torch.exp(logp_new - logp_behaviour) - torch.exp(logp_old - logp_behaviour)).mean(-1)
+
+
+@mistake(update_shift_estimate, "you averaged |log rho_{k+1} - log rho_k|: a log-ratio difference is not the "
+         "ratio difference of Lemma 5.1 (form the log-ratios, then exponentiate before subtracting)")
+def _u_log_space(logp_new, logp_old, logp_behaviour):
+    return 0.5 * (logp_new - logp_old).abs().mean(-1)
 
 
 # ---------------------------------------------------------------------- 3. corollary42_bound
-
-def _cor42(surrogate, eps, adv_inf, U, S, gamma):
-    r""":math:`L - C_1 U - (C_1 + C_2) S`, :math:`C_1 = \frac{2\gamma\epsilon}{(1-\gamma)^2}`,
-    :math:`C_2 = \frac{2\|A_k\|_\infty}{1-\gamma}`; all inputs the same shape."""
-    float_tensors("corollary42_bound", surrogate=surrogate, eps=eps, adv_inf=adv_inf, U=U, S=S)
-    if not (surrogate.shape == eps.shape == adv_inf.shape == U.shape == S.shape):
-        raise ValueError("corollary42_bound: all tensor inputs must share one shape")
-    c1 = 2 * gamma * eps / (1 - gamma) ** 2
-    c2 = 2 * adv_inf / (1 - gamma)
-    return surrogate - c1 * U - (c1 + c2) * S
-
-
-def _c42_s_only_c2(surrogate, eps, adv_inf, U, S, gamma):
-    c1 = 2 * gamma * eps / (1 - gamma) ** 2
-    return surrogate - c1 * U - 2 * adv_inf / (1 - gamma) * S
-
-
-def _c42_swapped(surrogate, eps, adv_inf, U, S, gamma):
-    return _cor42(surrogate, eps, adv_inf, S, U, gamma)
-
-
-def _c42_not_squared(surrogate, eps, adv_inf, U, S, gamma):
-    c1 = 2 * gamma * eps / (1 - gamma)
-    c2 = 2 * adv_inf / (1 - gamma)
-    return surrogate - c1 * U - (c1 + c2) * S
-
 
 def _c42_cases():
     g = torch.Generator().manual_seed(1130)
@@ -177,18 +127,29 @@ def _c42_cases():
     return out
 
 
-register(Exercise(
-    name="corollary42_bound",
-    chapter=11,
-    reference=_cor42,
-    cases=_c42_cases,
-    mistakes=[
-        Mistake(_c42_s_only_c2, "S_k appears twice: once through the triangle inequality in the update penalty "
-                "(coefficient C_1) and once in the mixture-gap term (C_2); its coefficient is C_1 + C_2"),
-        Mistake(_c42_swapped, "U_k and S_k are swapped: U_k (the update shift) has coefficient C_1 only, "
-                "S_k (staleness) has C_1 + C_2"),
-        Mistake(_c42_not_squared, "C_1 = 2 gamma eps / (1 - gamma)^2 (squared); C_2 = 2 ||A_k||_inf / (1 - gamma)"),
-    ],
-    atol=1e-10,
-    description="The right-hand side of Corollary 4.2.",
-))
+@exercise(chapter=11, cases=_c42_cases, atol=1e-10, description="The right-hand side of Corollary 4.2.")
+def corollary42_bound(surrogate, eps, adv_inf, U, S, gamma):
+    r""":math:`L - C_1 U - (C_1 + C_2) S`, :math:`C_1 = \frac{2\gamma\epsilon}{(1-\gamma)^2}`,
+    :math:`C_2 = \frac{2\|A_k\|_\infty}{1-\gamma}`; all inputs the same shape."""
+    V.matching_floats(min_dim=0, surrogate=surrogate, eps=eps, adv_inf=adv_inf, U=U, S=S)
+    gamma = V.real_in(gamma, "gamma", 0.0, 1.0, hi_open=True)
+    c1 = 2 * gamma * eps / (1 - gamma) ** 2
+    c2 = 2 * adv_inf / (1 - gamma)
+    return surrogate - c1 * U - (c1 + c2) * S
+
+
+@mistake(corollary42_bound, "S_k appears twice: once through the triangle inequality in the update penalty "
+         "(coefficient C_1) and once in the mixture-gap term (C_2); its coefficient is C_1 + C_2")
+def _c42_s_only_c2(surrogate, eps, adv_inf, U, S, gamma):
+    return corollary42_bound(surrogate, eps, adv_inf, U, S, gamma) + 2 * gamma * eps / (1 - gamma) ** 2 * S
+
+
+@mistake(corollary42_bound, "U_k and S_k are swapped: U_k (the update shift) has coefficient C_1 only, "
+         "S_k (staleness) has C_1 + C_2")
+def _c42_swapped(surrogate, eps, adv_inf, U, S, gamma):
+    return corollary42_bound(surrogate, eps, adv_inf, S, U, gamma)
+
+
+@mistake(corollary42_bound, "C_1 = 2 gamma eps / (1 - gamma)^2 (squared); C_2 = 2 ||A_k||_inf / (1 - gamma)")
+def _c42_not_squared(surrogate, eps, adv_inf, U, S, gamma):
+    return corollary42_bound(surrogate, eps * (1 - gamma), adv_inf, U, S, gamma)

@@ -1,8 +1,8 @@
 r"""Checkers for the exercises of chapter 13, ``lessons/13_engineering_checklist.ipynb``.
 
-* ``first_alert_step(values, max_value, patience)``: for a list of per-update values, the index of the first update at which a
-  ``max`` alert with ``patience`` fires (``patience`` consecutive values above ``max_value``, a
-  non-finite value counting as a violation), or -1 if it never fires.
+* ``first_alert_step(values, max_value, patience)``: for a list of per-update values, the index of
+  the first update at which a ``max`` alert with ``patience`` fires (``patience`` consecutive values
+  above ``max_value``, a non-finite value counting as a violation), or -1 if it never fires.
 * ``window_drop_share(lag_probs, window)``: the share of data a version window of ``window``
   versions drops, :math:`P(\ell \ge W) = \sum_{\ell \ge W} p_\ell`.
 * ``staleness_by_age(log_rho, ages, max_age)``: :math:`\hat S` per age, the mean of
@@ -14,59 +14,19 @@ import math
 
 import torch
 
-from rlkit.exercises import Case, Exercise, Mistake, register
+from rlkit import _validate as V
+from rlkit.exercises import Case, exercise, mistake
 
 __all__: list[str] = []
 F64 = torch.float64
 
 
+def _violations(values, max_value):
+    """Which updates violate a ``max`` alert: above ``max_value``, or not finite."""
+    return [(not math.isfinite(v)) or v > max_value for v in values]
+
+
 # -------------------------------------------------------------------- 1. first_alert_step
-
-def _first_alert(values, max_value, patience):
-    """Index at which the streak of violations first reaches ``patience`` (a tensor), else -1."""
-    if isinstance(values, torch.Tensor):
-        values = values.tolist()
-    if not isinstance(values, (list, tuple)):
-        raise TypeError("first_alert_step: values must be a list of floats (one value per update)")
-    if not (isinstance(patience, int) and patience >= 1):
-        raise ValueError(f"first_alert_step: patience must be an int >= 1, got {patience!r}")
-    streak = 0
-    for i, v in enumerate(values):
-        bad = (not math.isfinite(v)) or v > max_value
-        streak = streak + 1 if bad else 0
-        if streak == patience:
-            return torch.tensor(i)
-    return torch.tensor(-1)
-
-
-def _fa_no_reset(values, max_value, patience):
-    count = 0
-    for i, v in enumerate(values):
-        if (not math.isfinite(v)) or v > max_value:
-            count += 1
-            if count == patience:
-                return torch.tensor(i)
-    return torch.tensor(-1)
-
-
-def _fa_nan_ok(values, max_value, patience):
-    streak = 0
-    for i, v in enumerate(values):
-        streak = streak + 1 if v > max_value else 0      # NaN > x is False: NaN passes silently
-        if streak == patience:
-            return torch.tensor(i)
-    return torch.tensor(-1)
-
-
-def _fa_start(values, max_value, patience):
-    streak = 0
-    for i, v in enumerate(values):
-        bad = (not math.isfinite(v)) or v > max_value
-        streak = streak + 1 if bad else 0
-        if streak == patience:
-            return torch.tensor(i - patience + 1)
-    return torch.tensor(-1)
-
 
 def _fa_cases():
     nan = float("nan")
@@ -80,73 +40,71 @@ def _fa_cases():
     ]
 
 
-register(Exercise(
-    name="first_alert_step",
-    chapter=13,
-    reference=_first_alert,
-    cases=_fa_cases,
-    mistakes=[
-        Mistake(_fa_no_reset, "patience counts CONSECUTIVE violations: reset the count when a value is back in range"),
-        Mistake(_fa_nan_ok, "NaN > max is False, so a NaN slips through: a non-finite value must count as a violation"),
-        Mistake(_fa_start, "return the update at which the alert FIRES (the end of the streak), not where the streak began"),
-    ],
-    atol=0.0,
-    description="When does an alert with patience fire?",
-))
+@exercise(chapter=13, cases=_fa_cases, atol=0.0, description="When does an alert with patience fire?")
+def first_alert_step(values, max_value, patience):
+    """Index at which the streak of violations first reaches ``patience`` (a tensor), else -1."""
+    values = V.real_list(values, "values (one value per update)")
+    max_value = V.real_in(max_value, "max_value")
+    patience = V.positive_int(patience, "patience")
+    streak = 0
+    for i, bad in enumerate(_violations(values, max_value)):
+        streak = streak + 1 if bad else 0
+        if streak == patience:
+            return torch.tensor(i)
+    return torch.tensor(-1)
+
+
+@mistake(first_alert_step, "patience counts CONSECUTIVE violations: reset the count when a value is back in range")
+def _fa_no_reset(values, max_value, patience):
+    bad = [i for i, b in enumerate(_violations(values, max_value)) if b]
+    return torch.tensor(bad[patience - 1] if len(bad) >= patience else -1)
+
+
+@mistake(first_alert_step, "NaN > max is False, so a NaN slips through: a non-finite value must count as a violation")
+def _fa_nan_ok(values, max_value, patience):
+    # NaN > x is False: NaN passes silently
+    return first_alert_step([max_value if math.isnan(v) else v for v in values], max_value, patience)
+
+
+@mistake(first_alert_step, "return the update at which the alert FIRES (the end of the streak), "
+         "not where the streak began")
+def _fa_start(values, max_value, patience):
+    fired = first_alert_step(values, max_value, patience)
+    return fired - (patience - 1) if fired >= 0 else fired
 
 
 # -------------------------------------------------------------------- 2. window_drop_share
 
-def _wds(lag_probs, window):
-    r""":math:`\sum_{\ell \ge W} p_\ell` as a 0-dim tensor (``lag_probs[l]`` = P(lag = l))."""
-    if not isinstance(lag_probs, torch.Tensor) or lag_probs.dim() != 1:
-        raise TypeError("window_drop_share: lag_probs must be a 1-D tensor")
-    if not (isinstance(window, int) and window >= 1):
-        raise ValueError(f"window_drop_share: window must be an int >= 1, got {window!r}")
-    return lag_probs[window:].sum()
-
-
-def _wds_off_by_one(lag_probs, window):
-    return lag_probs[window + 1:].sum()
-
-
-def _wds_kept(lag_probs, window):
-    return lag_probs[:window].sum()
-
-
 def _wds_cases():
     return [
         Case(args=(torch.full((9,), 1.0 / 9, dtype=F64), 3), label="lags uniform on 0..8, window 3: 6/9 dropped"),
-        Case(args=(torch.tensor([0.0, 0.0, 0.0, 0.0, 1.0], dtype=F64), 4), label="a fixed lag of 4, window 4: all dropped"),
-        Case(args=(torch.tensor([0.0, 0.0, 0.0, 0.0, 1.0], dtype=F64), 5), label="a fixed lag of 4, window 5: none dropped"),
+        Case(args=(torch.tensor([0.0, 0.0, 0.0, 0.0, 1.0], dtype=F64), 4),
+             label="a fixed lag of 4, window 4: all dropped"),
+        Case(args=(torch.tensor([0.0, 0.0, 0.0, 0.0, 1.0], dtype=F64), 5),
+             label="a fixed lag of 4, window 5: none dropped"),
         Case(args=(torch.tensor([0.5, 0.25, 0.125, 0.125], dtype=F64), 2), label="a geometric-like lag, window 2"),
     ]
 
 
-register(Exercise(
-    name="window_drop_share",
-    chapter=13,
-    reference=_wds,
-    cases=_wds_cases,
-    mistakes=[
-        Mistake(_wds_off_by_one, "a window of W versions keeps ages 0..W-1: data of age exactly W are dropped too"),
-        Mistake(_wds_kept, "you returned the share KEPT by the window; the question asks for the share dropped"),
-    ],
-    atol=1e-12,
-    description="The share of data a version window drops.",
-))
+@exercise(chapter=13, cases=_wds_cases, atol=1e-12, description="The share of data a version window drops.")
+def window_drop_share(lag_probs, window):
+    r""":math:`\sum_{\ell \ge W} p_\ell` as a 0-dim tensor (``lag_probs[l]`` = P(lag = l))."""
+    V.layout("L", floating=True, lag_probs=lag_probs)
+    window = V.positive_int(window, "window")
+    return lag_probs[window:].sum()
+
+
+@mistake(window_drop_share, "a window of W versions keeps ages 0..W-1: data of age exactly W are dropped too")
+def _wds_off_by_one(lag_probs, window):
+    return window_drop_share(lag_probs, window + 1)
+
+
+@mistake(window_drop_share, "you returned the share KEPT by the window; the question asks for the share dropped")
+def _wds_kept(lag_probs, window):
+    return lag_probs[:window].sum()
 
 
 # --------------------------------------------------------------------- 3. staleness_by_age
-
-def _sba(log_rho, ages, max_age):
-    r"""``out[a]`` = mean of ``0.5 * |exp(log_rho) - 1|`` over samples with ``ages == a``; NaN if none."""
-    if not isinstance(log_rho, torch.Tensor) or not log_rho.is_floating_point() or log_rho.dim() != 1:
-        raise TypeError("staleness_by_age: log_rho must be a 1-D floating tensor")
-    if not isinstance(ages, torch.Tensor) or ages.shape != log_rho.shape:
-        raise ValueError("staleness_by_age: ages must be a tensor shaped like log_rho")
-    return _per_age_mean(0.5 * torch.expm1(log_rho).abs(), ages, max_age)
-
 
 def _per_age_mean(d, ages, max_age):
     """``out[a]`` = mean of ``d`` over the samples of age ``a``; NaN for an age with no sample."""
@@ -155,24 +113,6 @@ def _per_age_mean(d, ages, max_age):
         sel = ages == a
         if sel.any():
             out[a] = d[sel].mean()
-    return out
-
-
-def _sba_no_half(log_rho, ages, max_age):
-    return 2 * _sba(log_rho, ages, max_age)
-
-
-def _sba_log(log_rho, ages, max_age):
-    return _per_age_mean(0.5 * log_rho.abs(), ages, max_age)
-
-
-def _sba_total(log_rho, ages, max_age):
-    d = 0.5 * torch.expm1(log_rho).abs()
-    out = torch.full((max_age + 1,), float("nan"), dtype=log_rho.dtype)
-    for a in range(max_age + 1):
-        sel = ages == a
-        if sel.any():
-            out[a] = d[sel].sum() / d.numel()
     return out
 
 
@@ -189,16 +129,26 @@ def _sba_cases():
     ]
 
 
-register(Exercise(
-    name="staleness_by_age",
-    chapter=13,
-    reference=_sba,
-    cases=_sba_cases,
-    mistakes=[
-        Mistake(_sba_no_half, "S is HALF the mean absolute ratio deviation (a total-variation distance)"),
-        Mistake(_sba_log, "use the ratio, |rho - 1| = |exp(log_rho) - 1|, not the log-ratio"),
-        Mistake(_sba_total, "average over the samples OF THAT AGE, not over the whole batch"),
-    ],
-    atol=1e-12,
-    description="The staleness of each age group of a batch.",
-))
+@exercise(chapter=13, cases=_sba_cases, atol=1e-12, description="The staleness of each age group of a batch.")
+def staleness_by_age(log_rho, ages, max_age):
+    r"""``out[a]`` = mean of ``0.5 * |exp(log_rho) - 1|`` over samples with ``ages == a``; NaN if none."""
+    sizes = V.layout("N", floating=True, log_rho=log_rho)
+    V.index_tensor(ages, "ages", shape=(sizes["N"],), shape_of="the shape of log_rho")
+    max_age = V.positive_int(max_age, "max_age", minimum=0)
+    return _per_age_mean(0.5 * torch.expm1(log_rho).abs(), ages, max_age)
+
+
+@mistake(staleness_by_age, "S is HALF the mean absolute ratio deviation (a total-variation distance)")
+def _sba_no_half(log_rho, ages, max_age):
+    return 2 * staleness_by_age(log_rho, ages, max_age)
+
+
+@mistake(staleness_by_age, "use the ratio, |rho - 1| = |exp(log_rho) - 1|, not the log-ratio")
+def _sba_log(log_rho, ages, max_age):
+    return _per_age_mean(0.5 * log_rho.abs(), ages, max_age)
+
+
+@mistake(staleness_by_age, "average over the samples OF THAT AGE, not over the whole batch")
+def _sba_total(log_rho, ages, max_age):
+    count = torch.bincount(ages, minlength=max_age + 1)[: max_age + 1]
+    return staleness_by_age(log_rho, ages, max_age) * count / ages.numel()
