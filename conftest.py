@@ -10,6 +10,17 @@ kernel for the ipywidgets state at the end, and stores the executed notebook in 
 jupyter-cache (_build/.jupyter_cache). The book build (tests/test_book.py, ordered last) then
 finds every chapter in the cache and renders it without executing it again. A notebook with a
 failing cell is not cached, so the build would execute it and fail too.
+
+What the bridge relies on. jupyter-cache: only its public cache API (`get_cache`,
+`cache_notebook_bundle`, `match_cache_notebook`), called exactly as myst-nb calls it for the
+book build. nbval documents no Python API, so the bridge reads four of its internals: the
+`IPyNbCell` item type, `item.cell_num`, `item.test_outputs` and the notebook's running kernel
+`item.parent.kernel`. requirements.txt therefore bounds nbval (and jupyter-cache) to the minor
+versions this is tested with, and nothing fails silently: if one of those internals is missing
+or a notebook that passed cannot be cached, the notebook's last cell reports an error at
+teardown and `tests/test_book.py::test_notebooks_run_under_nbval_are_cached` fails; that test
+and the book build also check that every notebook run in the session is found in the cache and
+is not executed again by the build.
 """
 from __future__ import annotations
 
@@ -22,9 +33,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent
 CACHE_DIR = ROOT / "_build" / ".jupyter_cache"
+TESTED_VERSIONS = {"nbval": "0.11.", "jupyter_cache": "1.0."}  # keep in step with requirements.txt
 
-# per notebook: {"path": Path, "outputs": {cell_num: outs}, "failed": bool, "seconds": float}
+# per notebook: {"path": Path, "outputs": {cell_num: outs}, "failed": bool, "seconds": float,
+#                "status": None | "cached" | "failed" | "partial" | "error"}
 _RUNS: dict[str, dict] = {}
+_BRIDGE_ERRORS: list[str] = []  # why a notebook that passed under nbval was not cached
+
+
+class CacheBridgeError(RuntimeError):
+    """The execute-once bridge could not hand an executed notebook to the book's cache."""
 
 
 def pytest_configure(config):
@@ -36,8 +54,41 @@ def pytest_configure(config):
     torch.set_num_threads(int(os.environ.get("RLKIT_THREADS", "1")))
 
 
+@pytest.fixture(scope="session")
+def nbval_runs():
+    """What the bridge saw in this session: ``{"runs": {path: run}, "errors": [message]}``.
+
+    A run's ``status`` is ``"cached"`` (every code cell ran and passed, and the executed notebook
+    is in the cache), ``"failed"`` (a cell failed or was skipped: not cached), ``"partial"`` (only
+    some cells were selected: not cached) or ``"error"`` (it passed but could not be cached).
+    """
+    return {"runs": _RUNS, "errors": _BRIDGE_ERRORS, "cache_dir": CACHE_DIR}
+
+
+@pytest.fixture(scope="session")
+def rlkit_public_modules() -> list[str]:
+    """rlkit and every module under it with no name part starting with "_" that exports something
+    (a non-empty ``__all__``, or none): each has a section in the Library reference (book/api/)."""
+    import importlib
+    import pkgutil
+
+    import rlkit
+
+    names = ["rlkit"] + [m.name for m in pkgutil.walk_packages(rlkit.__path__, "rlkit.")
+                         if not any(part.startswith("_") for part in m.name.split("."))]
+    return [n for n in names if getattr(importlib.import_module(n), "__all__", None) != []]
+
+
 def _is_nbval_cell(item) -> bool:
-    return type(item).__name__ == "IPyNbCell"
+    return type(item).__name__ == "IPyNbCell" and type(item).__module__.startswith("nbval")
+
+
+def _nbval_internals(item) -> list[str]:
+    """The nbval internals the bridge reads that this item lacks (none, with nbval 0.11)."""
+    missing = [f"item.{a}" for a in ("cell_num", "test_outputs") if not hasattr(item, a)]
+    if not hasattr(item.parent, "kernel"):
+        missing.append("item.parent.kernel")
+    return missing
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -58,21 +109,36 @@ def pytest_runtest_call(item):
     if _is_nbval_cell(item):
         key = str(item.parent.path)
         run = _RUNS.setdefault(key, {"path": Path(item.parent.path), "outputs": {}, "failed": False,
-                                     "seconds": 0.0, "counts": {}})
+                                     "seconds": 0.0, "status": None})
         run["seconds"] += time.perf_counter() - start
-        if outcome.excinfo is not None:
+        missing = _nbval_internals(item)
+        if missing:
+            run["missing"] = missing
+            return
+        if outcome.excinfo is not None:  # an error, a failed check or a skip: the cell has no outputs
             run["failed"] = True
         run["outputs"][item.cell_num] = copy.deepcopy(item.test_outputs or [])
 
 
-@pytest.hookimpl(hookwrapper=True)
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item, nextitem):
+    error = None
     if _is_nbval_cell(item) and (nextitem is None or nextitem.parent is not item.parent):
+        # before nbval's own teardown, which stops the kernel (the widget state is read from it)
         try:
             _finish_notebook(item)
-        except Exception as err:  # caching is an optimisation: never fail a test because of it
-            print(f"\n[conftest] could not cache executed notebook {item.parent.path}: {err}")
-    yield
+        except Exception as err:
+            run = _RUNS.get(str(item.parent.path))
+            if run is not None:
+                run["status"] = "error"
+            error = f"could not cache executed notebook {item.parent.path}: {type(err).__name__}: {err}"
+            _BRIDGE_ERRORS.append(error)
+            error = CacheBridgeError(error + " (the book build would execute it again; see conftest.py)")
+            error.__cause__ = err
+    result = yield  # nbval's teardown runs here, whatever happened above
+    if error is not None:
+        raise error
+    return result
 
 
 def _widget_state(kernel) -> dict | None:
@@ -108,9 +174,16 @@ def _finish_notebook(item) -> None:
     run = _RUNS.get(key)
     if run is None:
         return
+    if run.get("missing"):
+        raise CacheBridgeError(f"nbval has changed: the bridge needs {', '.join(run['missing'])} (tested with "
+                               f"nbval {TESTED_VERSIONS['nbval']}x; see requirements.txt)")
     nb = nbformat.read(str(run["path"]), as_version=4)
     n_code = sum(1 for c in nb.cells if c.cell_type == "code")
-    if run["failed"] or len(run["outputs"]) != n_code:
+    if run["failed"]:
+        run["status"] = "failed"
+        return
+    if len(run["outputs"]) != n_code:
+        run["status"] = "partial"  # some cells were deselected: nothing complete to cache
         return
     kernel = item.parent.kernel
     state = _widget_state(kernel) if kernel is not None and kernel.is_alive() else None
@@ -133,9 +206,11 @@ def _finish_notebook(item) -> None:
         nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": state}
     nbformat.validate(nb)
     _store_in_cache(nb, run["path"], run["seconds"])
+    run["status"] = "cached"
 
 
 def _store_in_cache(nb, path: Path, seconds: float) -> None:
+    import nbformat
     from jupyter_cache import get_cache
     from jupyter_cache.base import CacheBundleIn
 
@@ -145,6 +220,22 @@ def _store_in_cache(nb, path: Path, seconds: float) -> None:
         check_validity=False,
         overwrite=True,
     )
+    # read it back as the build will: by the hash of the notebook file as committed
+    cache.match_cache_notebook(nbformat.read(str(path), as_version=4))  # KeyError if the match fails
+
+
+def _untested_versions() -> list[str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = []
+    for dist, prefix in TESTED_VERSIONS.items():
+        try:
+            v = version(dist.replace("_", "-"))
+        except PackageNotFoundError:
+            continue
+        if not v.startswith(prefix):
+            out.append(f"{dist} {v} (tested: {prefix}x)")
+    return out
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -155,7 +246,13 @@ def pytest_terminal_summary(terminalreporter):
     total = 0.0
     for key, run in sorted(_RUNS.items()):
         total += run["seconds"]
-        status = "FAILED" if run["failed"] else "ok"
-        tr.write_line(f"{run['seconds']:8.1f}  {status:6s}  {Path(key).relative_to(ROOT)}")
+        status = {"cached": "ok", None: "ok"}.get(run["status"], run["status"].upper())
+        tr.write_line(f"{run['seconds']:8.1f}  {status:7s}  {Path(key).relative_to(ROOT)}")
     tr.write_line(f"{total:8.1f}  total")
-
+    untested = _untested_versions()
+    if _BRIDGE_ERRORS or untested:
+        tr.section("execute-once bridge (conftest.py)", red=True)
+        for line in _BRIDGE_ERRORS:
+            tr.write_line(line, red=True)
+        if untested:
+            tr.write_line("untested versions: " + ", ".join(untested) + "; see requirements.txt", red=True)

@@ -5,5 +5,5 @@ Modules: ``utils`` (device, seeding, masked means), ``plots`` (the book's figure
 """
 from rlkit._show import show
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = ["show", "__version__"]

@@ -1,8 +1,10 @@
 """Build the HTML book with warnings as errors (after the notebooks have run; see conftest.py).
 
 The notebooks executed under nbval earlier in the same pytest run are in the jupyter-cache, so
-the build renders them without executing them again. Run alone (`pytest tests/test_book.py`),
-it executes whatever the cache lacks.
+the build renders them without executing them again; two tests check that this execute-once
+bridge (conftest.py) still works, because otherwise the build would quietly execute every
+chapter a second time. Run alone (`pytest tests/test_book.py`), the build executes whatever
+the cache lacks and those two tests skip: no notebook ran in the session.
 """
 from __future__ import annotations
 
@@ -17,6 +19,42 @@ pytestmark = pytest.mark.book
 
 ROOT = Path(__file__).resolve().parent.parent
 HTML = ROOT / "_build" / "html"
+
+
+def _passed_under_nbval(nbval_runs) -> list[Path]:
+    """Notebooks that ran in full and passed under nbval in this session: the bridge must cache them."""
+    runs = nbval_runs["runs"]
+    if not runs:
+        pytest.skip("no notebook ran under nbval in this session: nothing to check (run them in the same "
+                    "pytest call, e.g. `pytest lessons tests/test_book.py`)")
+    passed = [Path(key) for key, run in runs.items() if run["status"] not in ("failed", "partial")]
+    if not passed:
+        pytest.skip("no notebook passed in full under nbval in this session")
+    return passed
+
+
+def test_notebooks_run_under_nbval_are_cached(nbval_runs):
+    """Every chapter that passed under nbval is in the book's jupyter-cache, found as the build finds it."""
+    import nbformat
+    from jupyter_cache import get_cache
+
+    passed = _passed_under_nbval(nbval_runs)
+    assert not nbval_runs["errors"], "the execute-once bridge failed:\n" + "\n".join(nbval_runs["errors"])
+    cache = get_cache(str(nbval_runs["cache_dir"]))
+    problems = []
+    for path in passed:
+        nb = nbformat.read(str(path), as_version=4)
+        try:
+            record = cache.match_cache_notebook(nb)
+        except KeyError:
+            problems.append(f"{path.name}: not in the cache")
+            continue
+        cached = cache.get_cache_bundle(record.pk).nb
+        n_out = sum(len(c.get("outputs", [])) for c in cached.cells if c.cell_type == "code")
+        n_ran = sum(len(o) for o in nbval_runs["runs"][str(path)]["outputs"].values())
+        if n_out != n_ran:
+            problems.append(f"{path.name}: {n_out} outputs cached, {n_ran} produced under nbval")
+    assert not problems, "the execute-once bridge did not cache:\n" + "\n".join(problems)
 
 
 @pytest.fixture(scope="session")
@@ -42,6 +80,16 @@ def test_book_builds_cleanly(built_book):
     print(f"notebooks executed by the build (not found in the cache): {len(executed)}")
 
 
+def test_build_executes_no_notebook_run_under_nbval(built_book, nbval_runs):
+    """The build found every chapter run under nbval in the cache: none was executed a second time."""
+    passed = _passed_under_nbval(nbval_runs)
+    _, log = built_book
+    log = re.sub(r"\x1b\[[0-9;]*m", "", log)
+    executed = {Path(p).resolve() for p in re.findall(r"^(.+?\.ipynb): Executing notebook", log, flags=re.M)}
+    again = sorted(p.name for p in passed if p.resolve() in executed)
+    assert not again, f"the book build executed again notebooks that nbval ran in this session: {again}"
+
+
 def test_every_chapter_has_a_page(built_book):
     for nb in sorted((ROOT / "lessons").glob("*.ipynb")):
         page = HTML / "lessons" / (nb.stem + ".html")
@@ -59,3 +107,42 @@ def test_pages_load_nothing_from_the_network(built_book):
             if tag.endswith((".js", ".css")) or "cdn" in tag:
                 offenders.append(f"{page.relative_to(HTML)}: {tag}")
     assert not offenders, "pages load assets from the network:\n" + "\n".join(offenders[:20])
+
+
+def test_library_reference_documents_every_public_name(built_book, rlkit_public_modules):
+    """Each name in a public module's __all__ has exactly one entry in the Library reference.
+
+    An entry sits under the module or under a package that re-exports the name (``rlkit.llm.GPT``
+    for ``rlkit.llm.model.GPT``). Data (constants) are the exception: autodoc documents them only
+    where they are assigned (their ``#:`` doc comment is there), so a package's re-exported
+    constant has its entry under the submodule that assigns it (``rlkit.llm.tasks.ADDITION`` for
+    ``rlkit.llm.ADDITION``). Autodoc silently leaves out a name without a docstring, or one the
+    module provides only through a module ``__getattr__``; this catches both.
+    """
+    import importlib
+
+    ids = set()
+    for page in (HTML / "book" / "api").glob("*.html"):
+        ids |= set(re.findall(r'<dt class="sig sig-object py" id="([^"]+)"', page.read_text()))
+    problems = []
+    for mod in rlkit_public_modules:
+        m = importlib.import_module(mod)
+        names = getattr(m, "__all__", None)
+        if names is None:
+            names = [n for n, v in vars(m).items() if not n.startswith("_") and callable(v)
+                     and getattr(v, "__module__", None) == mod]
+        parts = mod.split(".")
+        for name in names:
+            if name.startswith("__"):
+                continue
+            homes = [".".join(parts[:i]) + "." + name for i in range(len(parts), 0, -1)]
+            value = getattr(m, name)
+            if not callable(value):      # data: also its home in the submodule that assigns it
+                homes += [f"{sub}.{name}" for sub in rlkit_public_modules if sub.startswith(mod + ".")
+                          and name in getattr(importlib.import_module(sub), "__all__", ())
+                          and getattr(importlib.import_module(sub), name) is value]
+            found = [h for h in homes if h in ids]
+            if len(found) != 1:
+                problems.append(f"{mod}.{name}: " + (f"documented {len(found)} times ({found})" if found
+                                                     else "no entry (no docstring?)"))
+    assert not problems, "the Library reference is incomplete:\n" + "\n".join(problems)

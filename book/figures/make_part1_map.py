@@ -34,7 +34,10 @@ ARROWS = [
 ]
 
 
-def main(out=Path(__file__).with_name("part1_map.svg")):
+OUT = Path(__file__).with_name("part1_map.svg")
+
+
+def main(out=OUT):
     fig, ax = plt.subplots(figsize=(9.5, 6.2))
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
