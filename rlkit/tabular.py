@@ -518,11 +518,10 @@ def visitation(mdp: FiniteMDP, pi: Tensor) -> Tensor:
     It sums to 1 over :math:`s`.
 
     Args:
-        mdp: the MDPs.
-        pi: ``[*B, S, A]``, rows are distributions.
+        mdp, pi: as in :func:`value`.
 
     Returns:
-        ``d[*B, S]``.
+        ``d[*B, S]``, a distribution over states for each batch index.
     """
     Ppi = policy_transition(mdp, pi)
     lhs = (_eye_like(mdp) - mdp.gamma[..., None, None] * Ppi).transpose(-1, -2)
@@ -626,8 +625,18 @@ def performance_difference(mdp: FiniteMDP, pi_old: Tensor, pi_new: Tensor) -> Te
 # --------------------------------------------------------------------------------------------
 # Chapter 9: every term of the state-shift lemma and the single-policy bound
 # --------------------------------------------------------------------------------------------
+
+class _LowerBound:
+    """``slack`` of a dataclass with ``improvement`` and its lower ``bound``."""
+
+    @property
+    def slack(self) -> Tensor:
+        r"""``improvement - bound``; the bound says it is :math:`\ge 0`."""
+        return self.improvement - self.bound
+
+
 @dataclass
-class SinglePolicyTerms:
+class SinglePolicyTerms(_LowerBound):
     r"""Every term of the single-policy bound for a batch of :math:`(\text{MDP}, \pi_k, \pi)` triples
     (chapter 9: lem-ch09-state-shift and thm-ch09-single-policy), as returned by
     :func:`single_policy_terms`.
@@ -677,10 +686,6 @@ class SinglePolicyTerms:
     penalty: Tensor
     bound: Tensor
 
-    @property
-    def slack(self) -> Tensor:
-        r"""``improvement - bound``; the theorem says it is :math:`\ge 0`."""
-        return self.improvement - self.bound
 
     @property
     def tightness(self) -> Tensor:
@@ -855,7 +860,7 @@ def augment(mdp: FiniteMDP, policies: Tensor, alpha: Tensor, kernel: Tensor):
 
 
 @dataclass
-class StaticMixtureTerms:
+class StaticMixtureTerms(_LowerBound):
     r"""The terms of the static-mixture bound (chapter 10, cor-ch10-static), computed from per-version
     quantities by :func:`static_mixture_terms`.
 
@@ -894,10 +899,6 @@ class StaticMixtureTerms:
     bound: Tensor
     bound_per_version: Tensor
 
-    @property
-    def slack(self) -> Tensor:
-        r"""``improvement - bound``; the corollary says it is :math:`\ge 0`."""
-        return self.improvement - self.bound
 
 
 def static_mixture_terms(mdp: FiniteMDP, policies: Tensor, alpha: Tensor, pi_new: Tensor) -> StaticMixtureTerms:
