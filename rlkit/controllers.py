@@ -211,7 +211,7 @@ class KLTriggeredLR(KLController):
     trigger.  A KL of 0 (the policy did not move) counts as far below the set point.
 
     The set point defaults to :math:`d_{\max}/4`: at a fixed learning rate the per-update KL of
-    PPO on CartPole has its 90th percentile about 3-4 times its median (chapter 6 measures it), so
+    PPO on CartPole has its 90th percentile about 3 to 5 times its median (chapter 6 measures it), so
     a median held at a quarter of the threshold leaves room for the spikes no controller can
     foresee.
 
