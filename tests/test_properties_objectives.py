@@ -13,6 +13,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from rlkit import staleness as S
 from rlkit import tabular as T
 from rlkit.controllers import AdaptiveKLController, KLLearningRateController, KLTriggeredLR
 from rlkit.estimators import effective_sample_size, importance_weight_variance, trace_covariance
@@ -26,16 +27,6 @@ from rlkit.objectives import (
     policy_gradient_loss,
     ppo_clip_loss,
     rloo_advantages,
-)
-from rlkit.staleness import (
-    age_clip_radius,
-    geppo_clip_radius,
-    half_abs_ratio_diff,
-    mean_by_age,
-    staleness,
-    staleness_filter,
-    update_shift,
-    version_window,
 )
 
 torch.set_num_threads(1)
@@ -283,7 +274,7 @@ def test_normalize_advantages_equals_the_loop(data, dtype):
 
 
 # ----------------------------------------------------------------------------------------------
-# staleness: Lemma 5.1 estimators, filters, radii, means by age
+# staleness: lem-ch11-ratio estimators, filters, radii, means by age
 # ----------------------------------------------------------------------------------------------
 
 @given(data=batches(n=3), dtype=DTYPES, dim=st.sampled_from([None, -1]))
@@ -298,8 +289,8 @@ def test_lemma51_estimators_equal_the_loop(data, dtype, dim):
     def term(i, t, x, y):
         return 0.5 * abs(math.exp(x[i, t].item() - mu[i, t].item()) - math.exp(y[i, t].item() - mu[i, t].item()))
 
-    for got, x, y in ((half_abs_ratio_diff(a, b, mu, mask, dim), a, b), (update_shift(a, b, mu, mask, dim), a, b),
-                      (staleness(a, mu, mask, dim), a, mu)):
+    for got, x, y in ((S.half_abs_ratio_diff(a, b, mu, mask, dim), a, b), (S.update_shift(a, b, mu, mask, dim), a, b),
+                      (S.staleness(a, mu, mask, dim), a, mu)):
         assert torch.isfinite(got).all()
         rows = range(a.shape[0])
         cells = lambda i, x=x, y=y: [term(i, t, x, y) for t in range(a.shape[1]) if m[i, t]]
@@ -318,7 +309,7 @@ def test_lemma51_estimators_equal_the_loop(data, dtype, dim):
 def test_staleness_filter_equals_the_loop(data, eps, level):
     (lp, lb), mask = data
     m = ones_like_mask(lp, mask)
-    keep = staleness_filter(lp, lb, eps, mask, level)
+    keep = S.staleness_filter(lp, lb, eps, mask, level)
     for i in range(lp.shape[0]):
         d = [lp[i, t].item() - lb[i, t].item() for t in range(lp.shape[1]) if m[i, t]]
         for t in range(lp.shape[1]):
@@ -341,12 +332,12 @@ def test_version_window_equals_the_loop_or_names_its_argument(vers, current, win
     v = torch.tensor(vers, dtype=torch.long)
     if window < 1:
         with pytest.raises(ValueError, match="window"):
-            version_window(v, current, window)
+            S.version_window(v, current, window)
     elif vers and max(vers) > current:
         with pytest.raises(ValueError, match="versions"):
-            version_window(v, current, window)
+            S.version_window(v, current, window)
     else:
-        assert version_window(v, current, window).tolist() == [current - x < window for x in vers]
+        assert S.version_window(v, current, window).tolist() == [current - x < window for x in vers]
 
 
 @given(w=st.lists(st.floats(0, 1), min_size=0, max_size=5), eps=st.floats(-0.1, 0.5),
@@ -355,18 +346,18 @@ def test_version_window_equals_the_loop_or_names_its_argument(vers, current, win
 def test_clip_radii_equal_the_formulas(w, eps, ages):
     a = torch.tensor(ages, dtype=torch.long)
     if eps <= 0:
-        for f in (lambda: geppo_clip_radius(eps, [1.0]), lambda: age_clip_radius(eps, a)):
+        for f in (lambda: S.geppo_clip_radius(eps, [1.0]), lambda: S.age_clip_radius(eps, a)):
             with pytest.raises(ValueError, match="eps"):
                 f()
         return
-    assert age_clip_radius(eps, a).tolist() == pytest.approx([eps / (1 + x) for x in ages], rel=1e-6)
+    assert S.age_clip_radius(eps, a).tolist() == pytest.approx([eps / (1 + x) for x in ages], rel=1e-6)
     s = sum(w)
     if not w or s == 0:
         with pytest.raises(ValueError, match="version_weights"):
-            geppo_clip_radius(eps, w)
+            S.geppo_clip_radius(eps, w)
         return
     nu = [x / s for x in w]
-    assert geppo_clip_radius(eps, nu) == pytest.approx(eps / sum(p * (i + 1) for i, p in enumerate(nu)), rel=1e-9)
+    assert S.geppo_clip_radius(eps, nu) == pytest.approx(eps / sum(p * (i + 1) for i, p in enumerate(nu)), rel=1e-9)
 
 
 @given(data=batches(n=1, min_b=0), ages=st.lists(st.integers(0, 3), min_size=3, max_size=3))
@@ -377,7 +368,7 @@ def test_mean_by_age_equals_the_loop(data, ages):
     assume(x.shape[1] > 0)
     m = ones_like_mask(x, mask)
     ag = torch.tensor(ages[:B], dtype=torch.long)
-    out = mean_by_age(x, ag, mask)
+    out = S.mean_by_age(x, ag, mask)
     top = max(ages[:B]) if B else 0
     assert out.shape == (top + 1,)
     for a in range(top + 1):
@@ -540,7 +531,7 @@ def test_bad_input_is_refused_by_name(bad, method):
         clipped_policy_loss(method, args["logp_new"], args["logp_prox"], args["logp_behav"], args["advantages"],
                             kw["eps"], mask=kw["mask"], aggregation=kw["aggregation"])
     assert names_an_argument(err, want)
-    for fn, name in ((lambda: half_abs_ratio_diff(x, x, torch.zeros(3)), "logp_behav"),
+    for fn, name in ((lambda: S.half_abs_ratio_diff(x, x, torch.zeros(3)), "logp_behav"),
                      (lambda: effective_sample_size(x, mask=torch.ones(2)), "mask"),
                      (lambda: grpo_advantages(torch.zeros(5), 2), "group_size"),
                      (lambda: normalize_advantages(torch.zeros(3), torch.ones(2)), "mask"),

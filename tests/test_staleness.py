@@ -37,7 +37,7 @@ def log(x):
 
 
 # ----------------------------------------------------------------------------------------------
-# estimators vs exact TV between categorical distributions (Lemma 5.1)
+# estimators vs exact TV between categorical distributions (the ratio lemma (lem-ch11-ratio))
 # ----------------------------------------------------------------------------------------------
 
 def tv_loop(p, q):
@@ -46,7 +46,7 @@ def tv_loop(p, q):
 
 def test_estimators_exact_on_a_stratified_sample():
     # mu = (1/2, 1/4, 1/4): the "sample" [0, 0, 1, 2] has exactly the behaviour frequencies, so the
-    # sample mean IS the expectation and Lemma 5.1 must give the TV exactly
+    # sample mean IS the expectation and the ratio lemma (lem-ch11-ratio) must give the TV exactly
     mu, pk, pnew = [0.5, 0.25, 0.25], [0.2, 0.5, 0.3], [0.1, 0.6, 0.3]
     a = torch.tensor([0, 0, 1, 2])
     lb, lk, ln = log(mu)[a], log(pk)[a], log(pnew)[a]

@@ -379,7 +379,7 @@ def test_mixture_of_identical_versions_is_the_single_policy_case():
 
 
 # ----------------------------------------------------------------------------------------------
-# Lemma 5.1 and the sample estimators
+# the ratio lemma (lem-ch11-ratio) and the sample estimators
 # ----------------------------------------------------------------------------------------------
 def test_half_abs_ratio_diff_hand_case_and_exact_identity():
     # behaviour (1/2, 1/2); pi_a = (1, 0), pi_b = (0, 1): TV = 1.

@@ -2,7 +2,7 @@ r"""Checkers for the exercises of chapter 11, ``lessons/11_dynamic_mixing.ipynb`
 
 * ``step_level_kernel(sigma, kappa)``: :math:`q(i'|i) = (1-\sigma_i)\mathbf 1\{i'=i\} + \sigma_i\kappa(i'|i)`.
 * ``update_shift_estimate(logp_new, logp_old, logp_behaviour)``: the sample estimate of
-  :math:`U_k = \tfrac12\mathbb E|\rho_{k+1} - \rho_k|` (Lemma 5.1), mean over the last dimension.
+  :math:`U_k = \tfrac12\mathbb E|\rho_{k+1} - \rho_k|` (the ratio lemma, lem-ch11-ratio), mean over the last dimension.
 * ``corollary42_bound(surrogate, eps, adv_inf, U, S, gamma)``: the right-hand side of Corollary 4.2.
 """
 from __future__ import annotations
@@ -79,7 +79,7 @@ def _u_cases():
     ]
 
 
-@exercise(chapter=11, cases=_u_cases, atol=1e-10, description="Sample estimate of U_k by Lemma 5.1.")
+@exercise(chapter=11, cases=_u_cases, atol=1e-10, description="U_k from samples (ratio lemma, lem-ch11-ratio).")
 def update_shift_estimate(logp_new, logp_old, logp_behaviour):
     r"""Over the last dimension,
     :math:`\hat U = \frac12\,\mathrm{mean}\,|e^{\log\pi_{k+1}-\log\pi^{(i)}} - e^{\log\pi_k-\log\pi^{(i)}}|`."""
@@ -89,7 +89,7 @@ def update_shift_estimate(logp_new, logp_old, logp_behaviour):
     return 0.5 * (rho_new - rho_old).abs().mean(-1)
 
 
-@mistake(update_shift_estimate, "Lemma 5.1 has a factor 1/2: D_TV is half the L1 distance")
+@mistake(update_shift_estimate, "the ratio lemma has a factor 1/2: D_TV is half the L1 distance")
 def _u_no_half(logp_new, logp_old, logp_behaviour):
     return 2 * update_shift_estimate(logp_new, logp_old, logp_behaviour)
 
@@ -107,7 +107,7 @@ def _u_no_abs(logp_new, logp_old, logp_behaviour):
 
 
 @mistake(update_shift_estimate, "you averaged |log rho_{k+1} - log rho_k|: a log-ratio difference is not the "
-         "ratio difference of Lemma 5.1 (form the log-ratios, then exponentiate before subtracting)")
+         "ratio difference of the ratio lemma (form the log-ratios, then exponentiate before subtracting)")
 def _u_log_space(logp_new, logp_old, logp_behaviour):
     return 0.5 * (logp_new - logp_old).abs().mean(-1)
 
