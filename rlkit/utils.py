@@ -15,7 +15,7 @@ import torch
 
 from . import _validate as V
 
-__all__ = ["device", "seed_everything", "masked_mean", "full_scale", "Timer", "timer"]
+__all__ = ["device", "seed_everything", "masked_mean", "clip_grad", "full_scale", "Timer", "timer"]
 
 
 def device(prefer: str | None = None) -> torch.device:
@@ -104,6 +104,14 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor | None = None, dim=None, kee
     if dim is None:
         return kept.sum() / m.sum().clamp(min=1.0)
     return kept.sum(dim=dim, keepdim=keepdim) / m.sum(dim=dim, keepdim=keepdim).clamp(min=1.0)
+
+
+def clip_grad(params, max_norm: float | None) -> float:
+    """Clip the global gradient norm of ``params`` to ``max_norm`` (``None``: no clipping).
+
+    Returns the norm BEFORE clipping, as a float. Every rlkit trainer (CartPole and LLM) clips with it.
+    """
+    return float(torch.nn.utils.clip_grad_norm_(params, math.inf if max_norm is None else max_norm))
 
 
 def full_scale() -> bool:

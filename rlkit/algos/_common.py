@@ -5,7 +5,6 @@ Kept small and explicit so that each trainer file still reads as one loop from t
 """
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 
@@ -14,7 +13,7 @@ from tqdm.auto import tqdm
 
 from ..nets import ActorCritic, n_actions_of, obs_dim_of
 from ..rollout import RolloutCollector, make_vec_env
-from ..utils import seed_everything
+from ..utils import clip_grad, seed_everything
 from .history import History
 
 
@@ -88,11 +87,6 @@ def adam(params, lr: float, device: torch.device, eps: float = 1e-8) -> torch.op
         except (RuntimeError, TypeError, ValueError):
             pass
     return torch.optim.Adam(params, lr=lr, eps=eps)
-
-
-def clip_grad(params, max_norm: float | None) -> float:
-    """Clip the global gradient norm to ``max_norm`` (None: no clipping); return the norm BEFORE clipping."""
-    return float(torch.nn.utils.clip_grad_norm_(params, math.inf if max_norm is None else max_norm))
 
 
 def step(opt: torch.optim.Optimizer, loss: torch.Tensor, params, max_norm: float | None) -> float:

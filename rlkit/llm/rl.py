@@ -66,7 +66,6 @@ reward is a proxy checker, ``greedy_reward`` and ``sampled_reward`` under that c
 from __future__ import annotations
 
 import copy
-import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -88,6 +87,7 @@ from ..objectives import (
     rloo_advantages,
 )
 from ..returns import gae
+from ..utils import clip_grad
 from .evaluation import encode_prompts, evaluate
 from .sampling import Rollout, call_model, sample, token_logprobs
 from .tasks import Problem, Task
@@ -381,11 +381,6 @@ def _train_args(tok, task, cfg) -> RLConfig:
     return cfg
 
 
-def _clip_grad(params, grad_clip: float | None) -> float:
-    """Clip the global gradient norm of ``params`` to ``grad_clip`` (None: no clipping); the norm before."""
-    return float(torch.nn.utils.clip_grad_norm_(params, math.inf if grad_clip is None else grad_clip))
-
-
 def train(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig | None = None, *,
           ref_model: nn.Module | None = None, critic: nn.Module | None = None,
           eval_problems: Sequence[Problem] | None = None, callback: Callable | None = None,
@@ -503,14 +498,14 @@ def train(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig | None
                     loss = loss + cfg.kl_coef * aggregate(kl_term, m, "token-mean")
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
-                gnorms.append(_clip_grad(params, cfg.grad_clip))
+                gnorms.append(clip_grad(params, cfg.grad_clip))
                 opt.step()
                 if cfg.algo == "ppo":
                     v = _critic_values(critic, _select(ro, rows))
                     vloss = cfg.value_coef * 0.5 * aggregate((v - returns[rows]) ** 2, m, "token-mean")
                     vopt.zero_grad(set_to_none=True)
                     vloss.backward()
-                    _clip_grad(critic.parameters(), cfg.grad_clip)
+                    clip_grad(critic.parameters(), cfg.grad_clip)
                     vopt.step()
                 losses.append(loss.item())
                 clips.append(clip)

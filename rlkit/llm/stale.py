@@ -44,8 +44,9 @@ import torch.nn as nn
 from ..estimators import effective_sample_size
 from ..objectives import clipped_policy_loss
 from ..staleness import PolicyArchive, StaleTrainingConfig, TrainingGuard, staleness, staleness_filter, update_shift
+from ..utils import clip_grad
 from .evaluation import evaluate
-from .rl import RLConfig, _clip_grad, _train_args, collect, sequence_advantages
+from .rl import RLConfig, _train_args, collect, sequence_advantages
 from .sampling import Rollout, token_logprobs
 from .tasks import Problem, Task
 from .tokenizer import CharTokenizer
@@ -223,7 +224,7 @@ def train_stale_grpo(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLCo
                                                    behav_clip=stale.behav_clip, mask=m, aggregation=cfg.aggregation)
                     opt.zero_grad(set_to_none=True)
                     loss.backward()
-                    gnorms.append(_clip_grad(params, cfg.grad_clip))
+                    gnorms.append(clip_grad(params, cfg.grad_clip))
                     opt.step()
                     losses.append(loss.item())
                     clips.append(float(st["clip_fraction"]))
