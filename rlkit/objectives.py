@@ -297,10 +297,12 @@ def geppo_loss(logp_new: Tensor, logp_prox: Tensor, logp_behav: Tensor, advantag
         eps: clip radius ``> 0``, a float or a tensor of per-sample radii shaped like ``logp_new``.
         mask, aggregation: see :func:`aggregate`.
 
-    Returns: ``(loss, stats)`` with ``clip_fraction``, ``update_shift`` (:math:`\hat U_k`,
-    :func:`rlkit.staleness.update_shift`), ``staleness`` (:math:`\hat S_k =
-    \tfrac12\,\overline{|\rho_k - 1|}`, :func:`rlkit.staleness.staleness`) and ``approx_kl``
-    (k3 of :math:`\log\pi_\theta/\pi_k`).
+    Returns: ``(loss, stats)`` with ``clip_fraction``, ``update_shift`` (:math:`\hat U_k =
+    \tfrac12\,\overline{|\rho_{k+1} - \rho_k|}`, :func:`rlkit.staleness.update_shift`), ``staleness``
+    (:math:`\hat S_k = \tfrac12\,\overline{|\rho_k - 1|}`, :func:`rlkit.staleness.staleness`; both
+    means are over the ``mask`` and carry the :math:`\tfrac12` of lemma lem-ch11-ratio, so they
+    estimate expected TV distances in :math:`[0, 1]`) and ``approx_kl`` (k3 of
+    :math:`\log\pi_\theta/\pi_k`).
 
     Chapter: 12_clipping_staleness.
     """
@@ -344,8 +346,19 @@ def decoupled_ppo_loss(logp_new: Tensor, logp_prox: Tensor, logp_behav: Tensor,
     :math:`\hat A' = w\hat A` (the article's :math:`\hat A = \rho_k A`). Without truncation the
     unclipped gradient equals that of :math:`(\pi_\theta/\mu)\hat A`, the importance-sampled
     policy gradient; the clip keeps the *update* small whatever the staleness, and the clip
-    centre does not depend on the family of old policies. Truncating :math:`w` (like V-trace's
-    :math:`\bar\rho`) trades a bias for bounded variance.
+    centre does not depend on the family of old policies.
+
+    **Truncation, not masking.** With ``behav_clip`` :math:`=\bar c`, rlkit *truncates* the
+    behaviour weight: a token with :math:`w > \bar c` still contributes, with weight :math:`\bar c`
+    (as V-trace's :math:`\bar\rho` and truncated importance sampling do). AReaL's decoupled loss
+    (``behav_imp_weight_cap``) instead *masks* such a token: its weight becomes 0 (and it still counts
+    in the token-mean's denominator). rlkit truncates because masking is a one-sided staleness filter,
+    a selection on :math:`\rho_k = \pi_k/\mu` that removes exactly the tokens whose probability the
+    learner has raised most since they were sampled, and a selection on the ratio biases the kept batch
+    (chapter 12, the staleness filter). Truncation keeps every token's gradient direction and bounds its weight,
+    trading a bias (tokens with :math:`w > \bar c` are under-weighted) for bounded variance. To
+    reproduce AReaL's masking exactly, pass ``behav_clip=None`` and advantages multiplied by
+    :math:`\mathbf 1\{\log\pi_k - \log\mu \le \log\bar c\}`.
 
     Args:
         logp_new: ``[B, T]`` log-probs under :math:`\pi_\theta` (with grad).
@@ -354,7 +367,8 @@ def decoupled_ppo_loss(logp_new: Tensor, logp_prox: Tensor, logp_behav: Tensor,
         advantages: ``[B, T]`` (detached).
         eps: clip radius in ``(0, 1]``, a float or a tensor of per-sample radii shaped like
             ``logp_new``.
-        behav_clip: ``None`` or a float ``> 0`` truncating :math:`w`.
+        behav_clip: ``None`` or a float ``> 0`` truncating :math:`w` to :math:`\min(w, \bar c)`
+            (not masking it; see above).
         mask, aggregation: see :func:`aggregate`.
 
     Returns: ``(loss, stats)`` with ``clip_fraction``, ``behav_weight_mean`` (:math:`\bar w`),
@@ -407,7 +421,9 @@ def clipped_policy_loss(method: str, logp_new: Tensor, logp_prox: Tensor, logp_b
       (``logp_prox`` is not used);
     * ``"adaptive"`` (method 1): :func:`geppo_loss`, the window :math:`[\rho_k-\epsilon, \rho_k+\epsilon]`;
     * ``"decoupled"`` (method 2): :func:`decoupled_ppo_loss`, :math:`r = \pi_\theta/\pi_k` clipped to
-      :math:`1\pm\epsilon`, times :math:`\rho_k = \pi_k/\mu` (truncated at ``behav_clip``).
+      :math:`1\pm\epsilon`, times :math:`\rho_k = \pi_k/\mu`, truncated to :math:`\min(\rho_k, \bar c)`
+      with ``behav_clip`` :math:`=\bar c` (truncated, where AReaL masks the token; why:
+      :func:`decoupled_ppo_loss`).
 
     Per-sample radii (an age-dependent schedule, :func:`rlkit.staleness.age_clip_radius`) are
     passed to the losses as they are; each token is clipped with its own radius, so the loss is
@@ -420,7 +436,8 @@ def clipped_policy_loss(method: str, logp_new: Tensor, logp_prox: Tensor, logp_b
         eps: the clip radius: a float, a tensor shaped like ``logp_new`` (one per sample or
             token), or, for ``[B, T]`` tensors, a ``[B]`` tensor (one per response, used for all
             of its tokens).
-        behav_clip: ``None`` or a float ``> 0``; ``method="decoupled"`` only.
+        behav_clip: ``None`` or a float ``> 0``; ``method="decoupled"`` only. It truncates the
+            behaviour weight, it does not drop tokens.
         mask, aggregation: see :func:`aggregate`.
 
     Returns: ``(loss, stats)``, the chosen loss's (all three have ``clip_fraction``).

@@ -516,11 +516,14 @@ def staleness(logp_prox: Tensor, logp_behav: Tensor, mask: Tensor | None = None,
 
     .. math:: \hat S_k = \tfrac12\,\overline{\big|\rho_k - 1\big|},\qquad \rho_k = \frac{\pi_k}{\mu},
 
-    :func:`half_abs_ratio_diff` with :math:`\pi_a = \pi_k`, :math:`\pi_b = \mu`: an unbiased
-    estimate of :math:`\mathbb E_s[D_{TV}(\pi_k, \mu; s)]` under the behaviour distribution (when
-    :math:`\mu` covers :math:`\pi_k`'s support; a truncating sampler makes it an underestimate,
-    chapter 11). Zero on on-policy data. The staleness filter thresholds the same quantity sample
-    by sample.
+    :func:`half_abs_ratio_diff` with :math:`\pi_a = \pi_k`, :math:`\pi_b = \mu`. Each sample's term has
+    mean :math:`D_{TV}(\pi_k, \mu; s)` given its state (when :math:`\mu` covers :math:`\pi_k`'s support;
+    a truncating sampler makes it an underestimate, chapter 11), so the mean over a fixed number of
+    samples is an unbiased estimate of :math:`\mathbb E_s[D_{TV}(\pi_k, \mu; s)]` over the states the
+    samples were drawn from. A token mean over responses of random length divides by a random
+    count: a ratio estimator of the length-weighted token average, consistent but not unbiased
+    (:mod:`rlkit.llm.stale` says exactly what it estimates). Zero on on-policy data. The staleness
+    filter thresholds the same quantity sample by sample.
 
     Args: ``logp_prox`` (:math:`\log\pi_k`), ``logp_behav`` (:math:`\log\mu`), same shape;
     optional ``mask``; ``dim`` as in :func:`half_abs_ratio_diff`. Returns: 0-dim tensor (0 if the

@@ -266,6 +266,54 @@ def test_geppo_vs_reference_loop():
     assert abs(stats["update_shift"].item() - 0.5 * np.mean(shift)) < 1e-12
 
 
+def test_geppo_staleness_stat_is_half_the_mean_abs_deviation():
+    # S-hat = 1/2 mean |rho_k - 1| over the mask (the 1/2 of lem-ch11-ratio: an expected TV in [0, 1])
+    new, prox, beh, adv, mask = data(seed=16, scale=0.5)
+    stats = geppo_loss(new, prox, beh, adv, eps=0.2, mask=mask)[1]
+    dev = [abs(math.exp(prox[i, t].item() - beh[i, t].item()) - 1.0)
+           for i in range(new.shape[0]) for t in range(new.shape[1]) if mask[i, t]]
+    assert abs(stats["staleness"].item() - 0.5 * np.mean(dev)) < 1e-12
+    # exact on a stratified sample: tokens drawn in exact proportion to mu give exactly TV(pi_k, mu)
+    mu, pk = torch.tensor([0.5, 0.25, 0.25], dtype=D64), torch.tensor([0.2, 0.3, 0.5], dtype=D64)
+    a = torch.tensor([0, 0, 1, 2], dtype=torch.long)               # 4 samples in mu's proportions
+    lb, lk = mu.log()[a][None], pk.log()[a][None]
+    z = torch.zeros_like(lb, requires_grad=True)
+    st_ = geppo_loss(lk + z, lk, lb, torch.ones_like(lb))[1]
+    assert abs(st_["staleness"].item() - 0.5 * (pk - mu).abs().sum().item()) < 1e-12   # = 0.3
+
+
+def test_behav_clip_truncates_where_areal_masks():
+    # rlkit: w_bar = min(w, c); a token with w > c keeps weight c and a nonzero gradient. AReaL's
+    # behav_imp_weight_cap zeroes such a token's weight (token still in the token-mean denominator);
+    # rlkit reproduces that with behav_clip=None and advantages * 1{w <= c}.
+    _, prox, beh, adv, mask = data(seed=17, scale=0.8)
+    g0 = torch.Generator().manual_seed(18)
+    new = (prox + 0.3 * torch.randn(prox.shape, generator=g0, dtype=D64)).requires_grad_(True)
+    cap = 1.5
+    w = torch.exp(prox - beh)
+    assert ((w > cap) & mask).any() and ((w <= cap) & mask).any()
+    loss, stats = decoupled_ppo_loss(new, prox, beh, adv, eps=0.2, behav_clip=cap, mask=mask)
+    g = torch.autograd.grad(loss, new)[0]
+    r = torch.exp(new.detach() - prox)
+    inside = (r > 0.8) & (r < 1.2)                                  # clip inactive at these tokens
+    big = (w > cap) & mask & inside
+    assert big.any() and (g[big] != 0).all()                        # truncated, not masked
+    assert abs(stats["behav_truncated_fraction"].item() - ((w > cap) & mask).sum().item() / mask.sum().item()) < 1e-12
+    B, T = new.shape
+    areal = 0.0
+    for i in range(B):
+        for t in range(T):
+            if not mask[i, t]:
+                continue
+            wi, ri, a = w[i, t].item(), r[i, t].item(), adv[i, t].item()
+            keep = 1.0 if wi <= cap else 0.0
+            areal += -keep * wi * min(ri * a, min(max(ri, 0.8), 1.2) * a)
+    areal /= mask.sum().item()
+    ours = decoupled_ppo_loss(new, prox, beh, adv * (prox - beh <= math.log(cap)), eps=0.2, mask=mask)[0]
+    assert abs(ours.item() - areal) < 1e-10
+    assert abs(loss.item() - areal) > 1e-6                          # the two rules differ on this batch
+
+
 def test_geppo_on_policy_is_ppo():
     new, old, _, adv, mask = data(seed=7, scale=0.3)
     a = geppo_loss(new, old, old, adv, eps=0.15, mask=mask)[0]

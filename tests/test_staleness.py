@@ -72,6 +72,43 @@ def test_estimators_converge_to_exact_tv_with_random_samples():
     assert abs(s - tv_loop(pk.tolist(), mu.tolist())) < 5 * ds.std().item() / math.sqrt(n)
 
 
+def test_token_mean_staleness_is_the_length_weighted_token_tv():
+    # What the LLM trainer's per-token S-hat estimates (rlkit.llm.stale): on a two-token "language"
+    # (token 0 ends the response), the masked token mean of 1/2|rho_k - 1| over responses sampled from
+    # mu converges to E_mu[sum_t TV_t] / E_mu[T], the next-token TV averaged over the length-weighted
+    # prefix occupancy. Closed forms by enumeration; the response-level TV is at most E_mu[sum_t TV_t].
+    mu1, pk1 = torch.tensor([0.5, 0.3, 0.2], dtype=D64), torch.tensor([0.3, 0.4, 0.3], dtype=D64)
+    mu2 = torch.tensor([[0.6, 0.2, 0.2], [0.1, 0.1, 0.8]], dtype=D64)      # after token 1, after token 2
+    pk2 = torch.tensor([[0.1, 0.7, 0.2], [0.1, 0.1, 0.8]], dtype=D64)    # TV 0.5 after token 1, 0 after 2
+    tv1 = tv_loop(mu1.tolist(), pk1.tolist())
+    tv2 = [tv_loop(mu2[j].tolist(), pk2[j].tolist()) for j in range(2)]
+    e_sum_tv = tv1 + mu1[1].item() * tv2[0] + mu1[2].item() * tv2[1]
+    e_len = 1 + mu1[1].item() + mu1[2].item()
+    target = e_sum_tv / e_len
+    plain_mean_of_positions = 0.5 * (tv1 + (mu1[1] * tv2[0] + mu1[2] * tv2[1]).item() / (1 - mu1[0].item()))
+    assert abs(target - plain_mean_of_positions) > 0.01          # the weighting matters on this example
+    # response-level TV by enumerating the 1 + 2 * 3 responses
+    seq = [(mu1[0].item(), pk1[0].item())]
+    seq += [(mu1[a].item() * mu2[a - 1, b].item(), pk1[a].item() * pk2[a - 1, b].item())
+            for a in (1, 2) for b in range(3)]
+    tv_seq = 0.5 * sum(abs(m - p) for m, p in seq)
+    assert tv_seq <= e_sum_tv + 1e-12 and tv_seq > target
+    # Monte Carlo through rlkit.staleness.staleness with a [B, 2] mask
+    g = torch.Generator().manual_seed(3)
+    n = 200_000
+    y1 = torch.multinomial(mu1, n, replacement=True, generator=g)
+    y2 = torch.multinomial(mu2[(y1 - 1).clamp(min=0)], 1, generator=g).squeeze(-1)
+    two = y1 > 0
+    prev, zero = (y1 - 1).clamp(min=0), torch.zeros(n, dtype=D64)
+    lb = torch.stack([mu1.log()[y1], torch.where(two, mu2[prev, y2].log(), zero)], -1)
+    lk = torch.stack([pk1.log()[y1], torch.where(two, pk2[prev, y2].log(), zero)], -1)
+    mask = torch.stack([torch.ones(n, dtype=torch.bool), two], -1)
+    s_hat = staleness(lk, lb, mask).item()
+    terms = 0.5 * (torch.exp(lk - lb) - 1).abs()[mask]
+    assert abs(s_hat - target) < 5 * terms.std().item() / math.sqrt(mask.sum().item())
+    assert abs(s_hat - tv_seq) > 0.05                             # not the response-level staleness
+
+
 def test_estimators_masked_mean_and_zero_on_policy():
     lb = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.1, 0.0]])
     lk = torch.tensor([[-0.5, -2.0, 5.0], [-0.5, -0.1, 9.0]])

@@ -22,6 +22,33 @@ a :class:`rlkit.staleness.PolicyArchive`; at update :math:`k` each *group* (one 
 5. **Measure** token-level :math:`\hat U_k` and :math:`\hat S_k` (:mod:`rlkit.staleness`),
    check the monitor's rules, publish the new weights as version :math:`k+1`.
 
+**Which quantity** ``staleness`` **estimates.** It is the token mean over the batch,
+
+.. math:: \hat S_k = \frac{\sum_{b,t} \tfrac12\,|\rho_{k,bt} - 1|}{\sum_b T_b},\qquad
+          \rho_{k,bt} = \frac{\pi_k(y_{bt}\mid x_b, y_{b,<t})}{\mu_b(y_{bt}\mid x_b, y_{b,<t})},
+
+with :math:`\mu_b` the version that sampled response :math:`b` (temperature 1, no truncation, so
+:math:`\mu_b` covers :math:`\pi_k`'s support). Given its prefix, each term has mean
+:math:`D_{TV}(\pi_k, \mu_b; (x_b, y_{b,<t}))`, the TV distance between the two *next-token*
+distributions (lemma lem-ch11-ratio), so :math:`\hat S_k` is a token-level staleness: that TV
+averaged over prefixes weighted by the undiscounted, length-weighted token occupancy of the batch's
+mixture of versions (prompts from the task's distribution, groups in the shares of their versions).
+As the batch grows it converges to :math:`\mathbb E[\sum_t D_{TV,t}]/\mathbb E[T]`. It is not the
+state-level :math:`S_k` of the bound (corollary cor-ch11-split): that one is an expectation under the
+*discounted* visitation :math:`d_\beta` (chapter 11 measures the gap); the finite-horizon bound over
+tokens (proposition prop-ch09-finite-horizon) sums the per-step TVs, and that sum (positions after
+the end token count 0) is :math:`\mathbb E[\sum_t D_{TV,t}] = \mathbb E[T]` times the limit of
+:math:`\hat S_k`; and with the whole response as one action (the prompt as the state) :math:`S_k` is
+the TV between *response* distributions, which is at most :math:`\mathbb E[T]` times the limit of
+:math:`\hat S_k` and is estimated by :math:`\tfrac12|\prod_t\rho_{k,t} - 1|` per response instead.
+Bias: the numerator is an unbiased estimate of the batch's total :math:`\sum_b\mathbb E[\sum_t
+D_{TV,t}]` (fresh rows contribute exactly 0); dividing by the random token count makes
+:math:`\hat S_k` a ratio estimator, consistent but biased by :math:`O(1/B)` when response lengths vary
+(unbiased when every response has the same length). ``staleness_kept`` is the same mean over the
+tokens that the window and the filter kept: a selection on :math:`\rho_k`, so it estimates no TV of
+the behaviour (chapter 12). ``update_shift`` is the token mean of
+:math:`\tfrac12|\rho_{k+1} - \rho_k|` over the kept tokens, with the same caveats.
+
 Logged per step (``result.history[key]``): ``reward``, ``accuracy``, ``update_shift``,
 ``staleness`` (whole batch), ``staleness_kept``, ``drop_share``, ``clip_fraction``, ``entropy``,
 ``kl`` (k3 estimate of :math:`KL(\pi_k\|\pi_{k+1})` per token, on the behaviour samples), ``ess``,
