@@ -9,13 +9,15 @@ r"""Checkers for the exercises of chapter 8, ``lessons/08_why_offpolicy.ipynb``.
   the sampler/learner mismatch, :math:`w_t = \min\big(\pi_{\text{learner}}(y_t)/\pi_{\text{sampler}}(y_t),\,C\big)`
   computed in log space, 0 at padding, ``[B, T]``.
 * ``lognormal_tail_share(lengths, token_mean, token_var, low, high)``: the share of sequence ratios
-  outside ``[low, high]`` when :math:`\log\rho_T \sim \mathcal N(T m, T s^2)`,
-  :math:`\Phi\big(\frac{\log \ell - Tm}{s\sqrt T}\big) + 1 - \Phi\big(\frac{\log h - Tm}{s\sqrt T}\big)`.
+  outside ``[low, high]`` when :math:`\log\rho_{1:T} \sim \mathcal N(T\bar\ell, T s^2)`, with
+  :math:`\bar\ell` = ``token_mean`` (:math:`-\kappa` in the chapter) and :math:`s^2` = ``token_var``:
+  :math:`\Phi\big(\frac{\log a - T\bar\ell}{s\sqrt T}\big) + 1 - \Phi\big(\frac{\log b - T\bar\ell}{s\sqrt T}\big)`
+  with :math:`a, b` = ``low``, ``high``.
 * ``stale_advantage_error(v_behaviour, v_current, eps)``: for a 0/1 reward and GRPO's population
-  advantage :math:`A_v(R) = (R - v)/(\sqrt{v(1-v)} + \varepsilon)`, the expected error
+  advantage :math:`A_v(R) = (R - v)/(\sqrt{v(1-v)} + \zeta)` (:math:`\zeta` = ``eps``), the expected error
   :math:`\mathbb E_{R\sim\mathrm{Bernoulli}(v_b)}\big|A_{v_b}(R) - A_{v_c}(R)\big|` of advantages
   computed with the behaviour version's statistics instead of the current version's; for
-  :math:`\varepsilon = 0` it equals :math:`|v_c - v_b|/\sqrt{v_c(1-v_c)}` (both differences share a sign).
+  :math:`\zeta = 0` it equals :math:`|v_c - v_b|/\sqrt{v_c(1-v_c)}` (both differences share a sign).
 
 Shapes: LLM tensors ``[batch, tokens]`` with a 0/1 ``mask``; ``lengths`` ``[N]``; success
 probabilities any shape (elementwise).
@@ -174,7 +176,7 @@ def _lts_cases():
 @exercise(chapter=8, cases=_lts_cases, atol=1e-9, rtol=1e-7,
           description="Gaussian prediction of the share of sequence ratios outside [low, high].")
 def lognormal_tail_share(lengths, token_mean, token_var, low=0.5, high=2.0):
-    r""":math:`P(\rho_T\notin[\ell,h])` for :math:`\log\rho_T\sim\mathcal N(Tm, Ts^2)`;
+    r""":math:`P(\rho_{1:T}\notin[a,b])` for :math:`\log\rho_{1:T}\sim\mathcal N(T\bar\ell, Ts^2)`;
     ``lengths [N]`` -> ``[N]`` float64."""
     V.layout("N", lengths=lengths)
     V.in_unit_interval(lengths, "lengths (response lengths)", lo=1, hi=math.inf)
@@ -187,7 +189,7 @@ def lognormal_tail_share(lengths, token_mean, token_var, low=0.5, high=2.0):
     return below + above
 
 
-@mistake(lognormal_tail_share, "the drift is missing: log rho_T has mean T * token_mean (= -T * KL per token), "
+@mistake(lognormal_tail_share, "the drift is missing: log rho_{1:T} has mean T * token_mean (= -T * KL per token), "
          "and this drift is what pushes most sequence ratios below `low`")
 def _lts_no_drift(lengths, token_mean, token_var, low=0.5, high=2.0):
     return lognormal_tail_share(lengths, 0.0, token_var, low, high)
