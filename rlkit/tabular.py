@@ -8,11 +8,11 @@ Shapes and conventions (``*B`` is any batch shape, the same for every argument o
 symbols are the book's, chapter 9):
 
 * transition kernel ``P[*B, s, a, s']`` :math:`= P(s'\mid s, a)`, rewards ``R[*B, s, a]``
-  :math:`= R(s, a)`, initial distribution ``rho0[*B, s]`` :math:`= \rho_0(s)`, discount
+  :math:`= R(s, a)`, initial distribution ``rho0[*B, s]`` :math:`= d_0(s)`, discount
   ``gamma`` :math:`= \gamma \in [0, 1)` (a float or a tensor ``[*B]``);
 * a policy is a tensor ``pi[*B, s, a]`` :math:`= \pi(a\mid s)`;
 * the return has no :math:`1-\gamma` factor in front:
-  :math:`J(\pi) = \mathbb E\big[\sum_{t\ge0}\gamma^t r_t\big]`, :math:`s_0\sim\rho_0`;
+  :math:`J(\pi) = \mathbb E\big[\sum_{t\ge0}\gamma^t r_t\big]`, :math:`s_0\simd_0`;
 * the discounted state visitation is NORMALISED (chapter 9, eq-ch09-visitation and eq-ch09-J-d):
 
   .. math::
@@ -78,6 +78,18 @@ __all__ = [
     "dynamic_mixture_terms",
     "sample_state_actions",
     "estimate_update_and_staleness",
+    "FiniteHorizonMDP",
+    "random_finite_horizon_mdp",
+    "token_mdp",
+    "finite_horizon_state_distributions",
+    "finite_horizon_values",
+    "finite_horizon_performance",
+    "FiniteHorizonTerms",
+    "finite_horizon_terms",
+    "finite_horizon_tight_example",
+    "tight_mixture_example",
+    "CurrentAdvantageTerms",
+    "current_advantage_terms",
 ]
 
 
@@ -103,7 +115,7 @@ class FiniteMDP:
     Attributes:
         P: ``[*B, S, A, S]`` transition probabilities :math:`P(s'\mid s, a)`.
         R: ``[*B, S, A]`` expected rewards :math:`R(s, a)`.
-        rho0: ``[*B, S]`` initial-state distribution :math:`\rho_0(s)`.
+        rho0: ``[*B, S]`` initial-state distribution :math:`d_0(s)`.
         gamma: ``[*B]`` discounts :math:`\gamma\in[0, 1)`.
     """
 
@@ -173,7 +185,7 @@ def random_mdp(batch: int | Sequence[int], n_states: int, n_actions: int, gamma:
 
         P(\cdot\mid s, a) = \mathrm{softmax}(c\, z_{s,a}),\qquad
         R(s, a) = \sigma_R\,\xi_{s,a},\qquad
-        \rho_0 = \mathrm{softmax}(\zeta),
+        d_0 = \mathrm{softmax}(\zeta),
 
     with :math:`c` = ``peakiness``, :math:`\sigma_R` = ``reward_scale``, and independent
     :math:`z_{s,a}\sim\mathcal N(0, I_S)`, :math:`\xi_{s,a}\sim\mathcal N(0, 1)`,
@@ -269,19 +281,19 @@ def perturb_policy(pi: Tensor, step: float | Tensor, *, generator: torch.Generat
 # hand-built MDPs
 # --------------------------------------------------------------------------------------------
 def contextual_bandit(rho0: Tensor, R: Tensor, gamma: GammaLike = 0.9) -> FiniteMDP:
-    r"""The single-turn LLM setting as an MDP (chapter 9): a prompt :math:`s\sim\rho_0`, one response
+    r"""The single-turn LLM setting as an MDP (chapter 9): a prompt :math:`s\simd_0`, one response
     :math:`a`, reward :math:`R(s, a)`, then a fresh prompt whatever the response was,
 
     .. math::
 
-        P(s'\mid s, a) = \rho_0(s').
+        P(s'\mid s, a) = d_0(s').
 
-    The state distribution does not depend on the policy (:math:`d_\pi = \rho_0` for every
+    The state distribution does not depend on the policy (:math:`d_\pi = d_0` for every
     :math:`\pi`), so the surrogate is exact (eq-ch09-surrogate-error vanishes) and every state-shift
     penalty is pure slack.
 
     Args:
-        rho0: ``[*B, S]``, the prompt distribution :math:`\rho_0`.
+        rho0: ``[*B, S]``, the prompt distribution :math:`d_0`.
         R: ``[*B, S, A]``.
         gamma: :math:`\gamma\in[0, 1)`, a float or ``[*B]``.
 
@@ -305,10 +317,10 @@ def tight_example(gamma: GammaLike = 0.9, switch: GammaLike = 0.3, eta: GammaLik
     action 1 goes to :math:`Y`; :math:`X` and :math:`Y` are absorbing whatever the action. In
     :math:`X` action 0 pays 1 and action 1 pays :math:`1 - c`; in :math:`Y` action 0 pays 1 and action
     1 pays :math:`1 + c/\eta`. The old policy :math:`\pi_k` goes to :math:`Y`, then always plays
-    action 0 (so :math:`V_{\pi_k}(X) = V_{\pi_k}(Y)`). The new policy :math:`\pi` goes to :math:`X`
+    action 0 (so :math:`V^{\pi_k}(X) = V^{\pi_k}(Y)`). The new policy :math:`\pi` goes to :math:`X`
     with probability :math:`p` (``switch``), plays the bad action 1 in :math:`X`, and in :math:`Y`
     plays the jackpot action 1 with the tiny probability :math:`\eta`. Then
-    :math:`\bar A(X) = -c`, :math:`\bar A(Y) = +c` (so :math:`\epsilon = c`), and
+    :math:`\bar A(X) = -c`, :math:`\bar A(Y) = +c` (so :math:`\omega = c`), and
 
     .. math::
 
@@ -370,8 +382,8 @@ def softmax_step(pi: Tensor, adv: Tensor, step: float | Tensor) -> Tensor:
 
         \pi'(a\mid s) \propto \pi(a\mid s)\,\exp\big(\text{step}\cdot A(s, a)\big).
 
-    With ``adv`` :math:`= A_\pi`, the surrogate :math:`L_\pi(\pi')` rises for small ``step`` by
-    about :math:`\text{step}\cdot\mathbb E_{s\sim d_\pi}[\operatorname{Var}_{a\sim\pi}A_\pi(s, a)]/(1-\gamma)`;
+    With ``adv`` :math:`= A^\pi`, the surrogate :math:`L_\pi(\pi')` rises for small ``step`` by
+    about :math:`\text{step}\cdot\mathbb E_{s\sim d_\pi}[\operatorname{Var}_{a\sim\pi}A^\pi(s, a)]/(1-\gamma)`;
     this is the update a trainer would make, used in chapters 9-11 to produce realistic new
     policies. Log-probabilities are floored at -50 so that zeros in ``pi`` stay (numerically) zero
     without NaN.
@@ -434,9 +446,9 @@ def value(mdp: FiniteMDP, pi: Tensor) -> Tensor:
 
     .. math::
 
-        V_\pi = r_\pi + \gamma P_\pi V_\pi
+        V^\pi = r_\pi + \gamma P_\pi V^\pi
         \quad\Longleftrightarrow\quad
-        V_\pi = (I - \gamma P_\pi)^{-1} r_\pi .
+        V^\pi = (I - \gamma P_\pi)^{-1} r_\pi .
 
     Args:
         mdp: the MDPs.
@@ -455,12 +467,12 @@ def q_value(mdp: FiniteMDP, pi: Tensor, V: Tensor | None = None) -> Tensor:
 
     .. math::
 
-        Q_\pi(s, a) = R(s, a) + \gamma\sum_{s'} P(s'\mid s, a)\,V_\pi(s').
+        Q^\pi(s, a) = R(s, a) + \gamma\sum_{s'} P(s'\mid s, a)\,V^\pi(s').
 
     Args:
         mdp: the MDPs.
         pi: ``[*B, S, A]``, rows are distributions.
-        V: optional ``[*B, S]`` values :math:`V_\pi` (from :func:`value`), to avoid a second solve; the
+        V: optional ``[*B, S]`` values :math:`V^\pi` (from :func:`value`), to avoid a second solve; the
             formula is applied to whatever ``V`` is passed.
 
     Returns:
@@ -474,8 +486,8 @@ def q_value(mdp: FiniteMDP, pi: Tensor, V: Tensor | None = None) -> Tensor:
 
 
 def advantage(mdp: FiniteMDP, pi: Tensor) -> Tensor:
-    r"""Advantages :math:`A_\pi(s, a) = Q_\pi(s, a) - V_\pi(s)` (chapter 9); they average to zero under
-    :math:`\pi` itself, :math:`\sum_a \pi(a\mid s)\,A_\pi(s, a) = 0`.
+    r"""Advantages :math:`A^\pi(s, a) = Q^\pi(s, a) - V^\pi(s)` (chapter 9); they average to zero under
+    :math:`\pi` itself, :math:`\sum_a \pi(a\mid s)\,A^\pi(s, a) = 0`.
 
     Args:
         mdp: the MDPs.
@@ -493,7 +505,7 @@ def performance(mdp: FiniteMDP, pi: Tensor) -> Tensor:
 
     .. math::
 
-        J(\pi) = \mathbb E\Big[\sum_{t\ge0}\gamma^t r_t\Big] = \rho_0^\top V_\pi = \sum_s \rho_0(s)\,V_\pi(s).
+        J(\pi) = \mathbb E\Big[\sum_{t\ge0}\gamma^t r_t\Big] = d_0^\top V^\pi = \sum_s d_0(s)\,V^\pi(s).
 
     Args:
         mdp: the MDPs.
@@ -512,9 +524,9 @@ def visitation(mdp: FiniteMDP, pi: Tensor) -> Tensor:
 
         d_\pi(s) = (1-\gamma)\sum_{t\ge0}\gamma^t \Pr(s_t = s)
         \quad\Longleftrightarrow\quad
-        d_\pi^\top = (1-\gamma)\,\rho_0^\top (I - \gamma P_\pi)^{-1},
+        d_\pi^\top = (1-\gamma)\,d_0^\top (I - \gamma P_\pi)^{-1},
 
-    computed as the solution of the linear system :math:`(I - \gamma P_\pi)^\top d_\pi = (1-\gamma)\,\rho_0`.
+    computed as the solution of the linear system :math:`(I - \gamma P_\pi)^\top d_\pi = (1-\gamma)\,d_0`.
     It sums to 1 over :math:`s`.
 
     Args:
@@ -553,8 +565,8 @@ def expected_advantage(pi_new: Tensor, adv: Tensor) -> Tensor:
 
         \bar A(s) = \mathbb E_{a\sim\pi(\cdot\mid s)}\big[A(s, a)\big] = \sum_a \pi(a\mid s)\,A(s, a).
 
-    With ``adv`` :math:`= A_{\pi_k}`, its largest absolute value over states is the constant
-    :math:`\epsilon = C_{\pi,\pi_k} = \max_s|\bar A(s)|` of the single-policy bound
+    With ``adv`` :math:`= A^{\pi_k}`, its largest absolute value over states is the constant
+    :math:`\omega = C_{\pi,\pi_k} = \max_s|\bar A(s)|` of the single-policy bound
     (thm-ch09-single-policy).
 
     Args:
@@ -575,11 +587,11 @@ def surrogate(d_old: Tensor, pi_new: Tensor, adv_old: Tensor, gamma: GammaLike) 
 
         L_{\pi_k}(\pi) = \frac{1}{1-\gamma}\,
             \mathbb E_{s\sim d_{\pi_k},\ a\sim\pi_k(\cdot\mid s)}
-            \Big[\frac{\pi(a\mid s)}{\pi_k(a\mid s)}\,A_{\pi_k}(s, a)\Big]
-          = \frac{1}{1-\gamma}\sum_s d_{\pi_k}(s) \sum_a \pi(a\mid s)\,A_{\pi_k}(s, a)
+            \Big[\frac{\pi(a\mid s)}{\pi_k(a\mid s)}\,A^{\pi_k}(s, a)\Big]
+          = \frac{1}{1-\gamma}\sum_s d_{\pi_k}(s) \sum_a \pi(a\mid s)\,A^{\pi_k}(s, a)
           = \frac{1}{1-\gamma}\, d_{\pi_k}^\top \bar A ,
 
-    with :math:`\bar A(s) = \sum_a \pi(a\mid s)\,A_{\pi_k}(s, a)` (:func:`expected_advantage`). The
+    with :math:`\bar A(s) = \sum_a \pi(a\mid s)\,A^{\pi_k}(s, a)` (:func:`expected_advantage`). The
     sum form is the one computed (it needs no support condition); it equals the importance-weighted
     form whenever :math:`\pi_k(a\mid s) > 0` wherever :math:`\pi(a\mid s) > 0`.
     Any visitation and advantages may be passed: with the new policy's visitation :math:`d_\pi` it
@@ -588,7 +600,7 @@ def surrogate(d_old: Tensor, pi_new: Tensor, adv_old: Tensor, gamma: GammaLike) 
     Args:
         d_old: ``[*B, S]``, the state distribution :math:`d_{\pi_k}`.
         pi_new: ``[*B, S, A]``, the policy :math:`\pi` being evaluated.
-        adv_old: ``[*B, S, A]``, the advantages :math:`A_{\pi_k}`.
+        adv_old: ``[*B, S, A]``, the advantages :math:`A^{\pi_k}`.
         gamma: :math:`\gamma\in[0, 1)`, a float or ``[*B]``.
 
     Returns:
@@ -606,10 +618,10 @@ def performance_difference(mdp: FiniteMDP, pi_old: Tensor, pi_new: Tensor) -> Te
     .. math::
 
         J(\pi) - J(\pi_k) = \frac{1}{1-\gamma}\,
-            \mathbb E_{s\sim d_\pi}\Big[\mathbb E_{a\sim\pi(\cdot\mid s)}\big[A_{\pi_k}(s, a)\big]\Big],
+            \mathbb E_{s\sim d_\pi}\Big[\mathbb E_{a\sim\pi(\cdot\mid s)}\big[A^{\pi_k}(s, a)\big]\Big],
 
     computed from the NEW policy's visitation :math:`d_\pi` and the OLD policy's advantages
-    :math:`A_{\pi_k}`: it is :func:`surrogate` with :math:`d_\pi` in place of :math:`d_{\pi_k}`.
+    :math:`A^{\pi_k}`: it is :func:`surrogate` with :math:`d_\pi` in place of :math:`d_{\pi_k}`.
 
     Args:
         mdp: the MDPs.
@@ -654,16 +666,16 @@ class SinglePolicyTerms(_LowerBound):
         d_old: :math:`d_{\pi_k}`.
         d_new: :math:`d_\pi`.
         tv: :math:`D_{\mathrm{TV}}(\pi, \pi_k; s)` per state.
-        abar: :math:`\bar A(s) = \mathbb E_{a\sim\pi(\cdot\mid s)}[A_{\pi_k}(s, a)]` per state.
-        eps: :math:`\epsilon = C_{\pi,\pi_k} = \max_s|\bar A(s)|`.
-        adv_max: :math:`\|A_{\pi_k}\|_\infty = \max_{s,a}|A_{\pi_k}(s, a)|`.
+        abar: :math:`\bar A(s) = \mathbb E_{a\sim\pi(\cdot\mid s)}[A^{\pi_k}(s, a)]` per state.
+        eps: :math:`\omega = C_{\pi,\pi_k} = \max_s|\bar A(s)|`.
+        adv_max: :math:`\|A^{\pi_k}\|_\infty = \max_{s,a}|A^{\pi_k}(s, a)|`.
         expected_tv: :math:`\mathbb E_{s\sim d_{\pi_k}}[D_{\mathrm{TV}}(s)]`.
         expected_tv_new: :math:`\mathbb E_{s\sim d_\pi}[D_{\mathrm{TV}}(s)]` (the lemma's second form).
         max_tv: :math:`\max_s D_{\mathrm{TV}}(s)`.
         state_shift: :math:`\|d_\pi - d_{\pi_k}\|_1`.
         lemma_bound: :math:`\frac{2\gamma}{1-\gamma}\,\mathbb E_{d_{\pi_k}}[D_{\mathrm{TV}}]`, the
             right-hand side of eq-ch09-state-shift.
-        penalty: :math:`\frac{2\gamma\epsilon}{(1-\gamma)^2}\,\mathbb E_{d_{\pi_k}}[D_{\mathrm{TV}}]`.
+        penalty: :math:`\frac{2\gamma\omega}{(1-\gamma)^2}\,\mathbb E_{d_{\pi_k}}[D_{\mathrm{TV}}]`.
         bound: ``surrogate - penalty``, the lower bound of thm-ch09-single-policy.
     """
 
@@ -708,9 +720,9 @@ def single_policy_terms(mdp: FiniteMDP, pi_old: Tensor, pi_new: Tensor) -> Singl
     .. math::
 
         \Big|\,J(\pi) - J(\pi_k) - L_{\pi_k}(\pi)\,\Big| \le
-            \frac{2\gamma\,\epsilon}{(1-\gamma)^2}\,
+            \frac{2\gamma\,\omega}{(1-\gamma)^2}\,
             \mathbb E_{s\sim d_{\pi_k}}\big[D_{\mathrm{TV}}(\pi, \pi_k; s)\big],
-        \qquad \epsilon = \max_s\big|\mathbb E_{a\sim\pi(\cdot\mid s)} A_{\pi_k}(s, a)\big| .
+        \qquad \omega = \max_s\big|\mathbb E_{a\sim\pi(\cdot\mid s)} A^{\pi_k}(s, a)\big| .
 
     The state-shift lemma, eq-ch09-state-shift (it also holds with the expectation under
     :math:`d_\pi`):
@@ -833,7 +845,7 @@ def augment(mdp: FiniteMDP, policies: Tensor, alpha: Tensor, kernel: Tensor):
 
         \tilde P\big((s', i')\mid (s, i), a\big) = P(s'\mid s, a)\,q(i'\mid i),\qquad
         \tilde R\big((s, i), a\big) = R(s, a),\qquad
-        \tilde\rho_0(s, i) = \rho_0(s)\,\alpha_i,
+        \tilded_0(s, i) = d_0(s)\,\alpha_i,
 
     and :math:`\beta(a\mid s, i) = \pi^{(i)}(a\mid s)`. The index is redrawn from
     :math:`q(\cdot\mid i)` after every step, so the first action of a trajectory is taken by
@@ -874,14 +886,14 @@ class StaticMixtureTerms(_LowerBound):
         J_mix: :math:`\sum_i \alpha_i J(\pi^{(i)})`.
         improvement: ``J_new - J_mix``.
         surrogates: :math:`L_{\pi^{(i)}}(\pi)`.
-        eps: :math:`\epsilon_i = C_{\pi,\pi^{(i)}} = \max_s\big|\mathbb E_{a\sim\pi(\cdot\mid s)}
-            A_{\pi^{(i)}}(s, a)\big|`.
+        eps: :math:`\omega_i = C_{\pi,\pi^{(i)}} = \max_s\big|\mathbb E_{a\sim\pi(\cdot\mid s)}
+            A^{\pi^{(i)}}(s, a)\big|`.
         expected_tv: :math:`\mathbb E_{s\sim d_{\pi^{(i)}}}\big[D_{\mathrm{TV}}(\pi, \pi^{(i)}; s)\big]`.
         surrogate: :math:`\sum_i \alpha_i L_{\pi^{(i)}}(\pi)`.
-        penalty: :math:`\frac{2\gamma\max_i\epsilon_i}{(1-\gamma)^2}\sum_i\alpha_i\,
+        penalty: :math:`\frac{2\gamma\max_i\omega_i}{(1-\gamma)^2}\sum_i\alpha_i\,
             \mathbb E_{d_{\pi^{(i)}}}\big[D_{\mathrm{TV}}(\pi, \pi^{(i)})\big]`.
         bound: ``surrogate - penalty``, the right-hand side of eq-ch10-static-bound.
-        bound_per_version: :math:`\sum_i\alpha_i\big(L_{\pi^{(i)}}(\pi) - \frac{2\gamma\epsilon_i}{(1-\gamma)^2}\,
+        bound_per_version: :math:`\sum_i\alpha_i\big(L_{\pi^{(i)}}(\pi) - \frac{2\gamma\omega_i}{(1-\gamma)^2}\,
             \mathbb E_{d_{\pi^{(i)}}}[D_{\mathrm{TV}}(\pi, \pi^{(i)})]\big)`, the right-hand side of
             eq-ch10-per-version: also valid, and never smaller than ``bound``.
     """
@@ -908,9 +920,9 @@ def static_mixture_terms(mdp: FiniteMDP, policies: Tensor, alpha: Tensor, pi_new
     .. math::
 
         J(\pi) - \sum_i \alpha_i J(\pi^{(i)}) \ge \sum_i \alpha_i L_{\pi^{(i)}}(\pi)
-          - \frac{2\gamma \max_i \epsilon_i}{(1-\gamma)^2}
+          - \frac{2\gamma \max_i \omega_i}{(1-\gamma)^2}
             \sum_i \alpha_i\, \mathbb E_{s\sim d_{\pi^{(i)}}}\big[D_{\mathrm{TV}}(\pi, \pi^{(i)}; s)\big],
-        \qquad \epsilon_i = \max_s\big|\mathbb E_{a\sim\pi(\cdot\mid s)} A_{\pi^{(i)}}(s, a)\big|,
+        \qquad \omega_i = \max_s\big|\mathbb E_{a\sim\pi(\cdot\mid s)} A^{\pi^{(i)}}(s, a)\big|,
 
     and its sharper per-version form eq-ch10-per-version (field ``bound_per_version``). Computed
     version by version with :func:`single_policy_terms` (no augmented MDP).
@@ -962,21 +974,21 @@ class DynamicMixtureTerms:
         J_mix: :math:`J(\beta)`, the return of the mixture sampler.
         improvement: :math:`J(\pi_{k+1}) - J(\pi_k)`.
         surrogate: :math:`L_\beta(\pi_{k+1})` (eq-ch11-surrogate).
-        eps: :math:`\epsilon = C_{\pi_{k+1},\beta} = \max_{(s,i)}\big|\mathbb E_{a\sim\pi_{k+1}}
-            A_\beta((s, i), a)\big|`.
-        adv_old_max: :math:`\|A_{\pi_k}\|_\infty = \max_{s,a}|A_{\pi_k}(s, a)|`.
+        eps: :math:`\omega = C_{\pi_{k+1},\beta} = \max_{(s,i)}\big|\mathbb E_{a\sim\pi_{k+1}}
+            A^\beta((s, i), a)\big|`.
+        adv_old_max: :math:`\|A^{\pi_k}\|_\infty = \max_{s,a}|A^{\pi_k}(s, a)|`.
         tv_new_behaviour: :math:`\mathbb E_{d_\beta}\big[D_{\mathrm{TV}}(\pi_{k+1}, \pi^{(i)}; s)\big]`.
         U: the update shift :math:`U_k = \mathbb E_{d_\beta}\big[D_{\mathrm{TV}}(\pi_{k+1}, \pi_k; s)\big]`
             (eq-ch11-uk-sk).
         S: the sampling staleness :math:`S_k = \mathbb E_{d_\beta}\big[D_{\mathrm{TV}}(\pi_k, \pi^{(i)}; s)\big]`
             (eq-ch11-uk-sk).
         mixture_gap: :math:`J(\beta) - J(\pi_k)`, exact.
-        mixture_gap_bound: :math:`C_2 S_k` with :math:`C_2 = \frac{2\|A_{\pi_k}\|_\infty}{1-\gamma}`,
+        mixture_gap_bound: :math:`C_2 S_k` with :math:`C_2 = \frac{2\|A^{\pi_k}\|_\infty}{1-\gamma}`,
             the bound on :math:`|J(\beta) - J(\pi_k)|` from the proof of thm-ch11-dynamic.
         bound_thm41: the right-hand side of eq-ch11-thm (the article's Theorem 4.1, hence the name).
         bound_cor42: the right-hand side of eq-ch11-cor (the article's Corollary 4.2).
         d_beta: :math:`d_\beta(s, i)`, ``[*B, S, M]``.
-        adv_beta: :math:`A_\beta((s, i), a)`, ``[*B, S, M, A]``.
+        adv_beta: :math:`A^\beta((s, i), a)`, ``[*B, S, M, A]``.
     """
 
     gamma: Tensor
@@ -999,13 +1011,13 @@ class DynamicMixtureTerms:
 
     @property
     def c_update(self) -> Tensor:
-        r"""The coefficient of :math:`U_k` in eq-ch11-cor, :math:`C_1 = 2\gamma\epsilon/(1-\gamma)^2`."""
+        r"""The coefficient of :math:`U_k` in eq-ch11-cor, :math:`C_1 = 2\gamma\omega/(1-\gamma)^2`."""
         return 2 * self.gamma * self.eps / (1 - self.gamma) ** 2
 
     @property
     def c_stale(self) -> Tensor:
         r"""The coefficient of :math:`S_k` in eq-ch11-cor,
-        :math:`C_1 + C_2 = 2\gamma\epsilon/(1-\gamma)^2 + 2\|A_{\pi_k}\|_\infty/(1-\gamma)`.
+        :math:`C_1 + C_2 = 2\gamma\omega/(1-\gamma)^2 + 2\|A^{\pi_k}\|_\infty/(1-\gamma)`.
         """
         return self.c_update + 2 * self.adv_old_max / (1 - self.gamma)
 
@@ -1018,9 +1030,9 @@ def dynamic_mixture_terms(mdp: FiniteMDP, policies: Tensor, alpha: Tensor, kerne
     .. math::
 
         J(\pi_{k+1}) - J(\pi_k) \ge L_\beta(\pi_{k+1})
-            - \frac{2\gamma\epsilon}{(1-\gamma)^2}\,
+            - \frac{2\gamma\omega}{(1-\gamma)^2}\,
               \mathbb E_{(s,i)\sim d_\beta}\big[D_{\mathrm{TV}}(\pi_{k+1}, \pi^{(i)}; s)\big]
-            - \frac{2\|A_{\pi_k}\|_\infty}{1-\gamma}\,
+            - \frac{2\|A^{\pi_k}\|_\infty}{1-\gamma}\,
               \mathbb E_{(s,i)\sim d_\beta}\big[D_{\mathrm{TV}}(\pi^{(i)}, \pi_k; s)\big],
 
     and, by the triangle inequality through :math:`\pi_k`, eq-ch11-cor:
@@ -1028,12 +1040,12 @@ def dynamic_mixture_terms(mdp: FiniteMDP, policies: Tensor, alpha: Tensor, kerne
     .. math::
 
         J(\pi_{k+1}) - J(\pi_k) \ge L_\beta(\pi_{k+1}) - C_1\,U_k - (C_1 + C_2)\,S_k,
-        \qquad C_1 = \frac{2\gamma\epsilon}{(1-\gamma)^2},\quad C_2 = \frac{2\|A_{\pi_k}\|_\infty}{1-\gamma},
+        \qquad C_1 = \frac{2\gamma\omega}{(1-\gamma)^2},\quad C_2 = \frac{2\|A^{\pi_k}\|_\infty}{1-\gamma},
 
     with the surrogate of the mixed batch (eq-ch11-surrogate)
-    :math:`L_\beta(\pi) = \frac{1}{1-\gamma}\,\mathbb E_{(s,i)\sim d_\beta,\ a\sim\pi(\cdot\mid s)}[A_\beta((s,i), a)]`,
-    :math:`\epsilon = \max_{(s,i)}|\mathbb E_{a\sim\pi_{k+1}} A_\beta((s,i), a)|`,
-    :math:`\|A_{\pi_k}\|_\infty = \max_{s,a}|A_{\pi_k}(s, a)|`, and :math:`U_k`, :math:`S_k` of
+    :math:`L_\beta(\pi) = \frac{1}{1-\gamma}\,\mathbb E_{(s,i)\sim d_\beta,\ a\sim\pi(\cdot\mid s)}[A^\beta((s,i), a)]`,
+    :math:`\omega = \max_{(s,i)}|\mathbb E_{a\sim\pi_{k+1}} A^\beta((s,i), a)|`,
+    :math:`\|A^{\pi_k}\|_\infty = \max_{s,a}|A^{\pi_k}(s, a)|`, and :math:`U_k`, :math:`S_k` of
     eq-ch11-uk-sk.
 
     Args:
@@ -1149,3 +1161,569 @@ def estimate_update_and_staleness(mdp: FiniteMDP, policies: Tensor, alpha: Tenso
 
     lb, lo, ln = logp(beta), logp(lift_policy(pi_old, M)), logp(lift_policy(pi_new, M))
     return half_abs_ratio_diff(ln, lo, lb, dim=-1), half_abs_ratio_diff(lo, lb, lb, dim=-1)
+
+
+# --------------------------------------------------------------------------------------------
+# Chapter 9: finite horizon, no discount (prop-ch09-finite-horizon); the token MDP
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FiniteHorizonMDP:
+    r"""A batch of finite-horizon, undiscounted MDPs with time-indexed kernels (chapter 9,
+    prop-ch09-finite-horizon).
+
+    An episode has the steps :math:`t = 0, \dots, H-1`: :math:`s_0\sim d_0`, then
+    :math:`a_t\sim\pi_t(\cdot\mid s_t)`, reward :math:`R_t(s_t, a_t)` and
+    :math:`s_{t+1}\sim P_t(\cdot\mid s_t, a_t)`; the return is
+    :math:`J(\pi) = \mathbb E\big[\sum_{t=0}^{H-1} R_t(s_t, a_t)\big]`. Policies are time-indexed,
+    ``pi[*B, H, S, A]`` :math:`= \pi_t(a\mid s)`. States that are reachable only at some times (a
+    prefix of length :math:`t` in the token MDP, :func:`token_mdp`) are ordinary states of one shared
+    set :math:`\{0,\dots,S-1\}`; what happens in a state at a time it cannot be reached never matters.
+    The kernel of the last step, ``P[..., H-1, :, :, :]``, is never used (there is no state
+    :math:`s_H`), but it must hold distributions.
+
+    Attributes:
+        P: ``[*B, H, S, A, S]``, :math:`P_t(s'\mid s, a)`.
+        R: ``[*B, H, S, A]``, :math:`R_t(s, a)`.
+        rho0: ``[*B, S]``, the initial distribution :math:`d_0(s)` (``rho0`` in code, as in
+            :class:`FiniteMDP`).
+    """
+
+    P: Tensor
+    R: Tensor
+    rho0: Tensor
+
+    def __post_init__(self):
+        P = V.float_tensor(self.P, "P", min_dim=4)
+        sizes = V.layout("... H S A S", P=P)
+        V.distribution(P, "P", "P[..., t, s, a, :] is a distribution over next states")
+        V.layout("... H S A", sizes, floating=True, R=self.R)
+        V.all_finite(V.same_kind(self.R, "R", P, "P"), "R")
+        V.layout("... S", sizes, floating=True, rho0=self.rho0)
+        V.distribution(V.same_kind(self.rho0, "rho0", P, "P"), "rho0", "initial state distribution")
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        r"""The batch shape ``*B``."""
+        return self.P.shape[:-4]
+
+    @property
+    def horizon(self) -> int:
+        r"""The number of steps :math:`H`."""
+        return self.P.shape[-4]
+
+    @property
+    def n_states(self) -> int:
+        r"""The number of states :math:`S`."""
+        return self.P.shape[-3]
+
+    @property
+    def n_actions(self) -> int:
+        r"""The number of actions :math:`A`."""
+        return self.P.shape[-2]
+
+    @property
+    def policy_shape(self) -> tuple:
+        r"""``(*B, H, S, A)``, the shape of a time-indexed policy on this MDP."""
+        return (*self.batch_shape, self.horizon, self.n_states, self.n_actions)
+
+    def __getitem__(self, index) -> FiniteHorizonMDP:
+        r"""Index the batch dimensions (``IndexError`` if there are none)."""
+        if not self.batch_shape:
+            raise IndexError("this FiniteHorizonMDP has no batch dimension to index")
+        return FiniteHorizonMDP(self.P[index], self.R[index], self.rho0[index])
+
+
+def random_finite_horizon_mdp(batch: int | Sequence[int], horizon: int, n_states: int, n_actions: int, *,
+                              peakiness: float = 2.0, reward_scale: float = 1.0,
+                              generator: torch.Generator | None = None,
+                              dtype: torch.dtype = torch.float64) -> FiniteHorizonMDP:
+    r"""Random finite-horizon MDPs (chapter 9): as :func:`random_mdp`, with an independent kernel
+    :math:`P_t(\cdot\mid s, a) = \mathrm{softmax}(c\,z_{t,s,a})` and rewards
+    :math:`R_t(s, a) = \sigma_R\,\xi_{t,s,a}` for every step :math:`t < H`, and
+    :math:`d_0 = \mathrm{softmax}(\zeta)`.
+
+    Args:
+        batch: the batch shape, an int or a sequence of ints, each :math:`\ge 1`.
+        horizon: :math:`H\ge1`.
+        n_states, n_actions: :math:`S` and :math:`A`, each :math:`\ge 1`.
+        peakiness: :math:`c\ge0`.
+        reward_scale: :math:`\sigma_R`.
+        generator, dtype: the source of randomness (on its device) and the dtype.
+
+    Returns:
+        A :class:`FiniteHorizonMDP` with ``P[*batch, H, S, A, S]``.
+    """
+    batch = _as_batch(batch)
+    H, S, A = (V.positive_int(x, n) for x, n in ((horizon, "horizon"), (n_states, "n_states"),
+                                                 (n_actions, "n_actions")))
+    V.real_in(peakiness, "peakiness", 0.0)
+    V.real_in(reward_scale, "reward_scale")
+    gd = _gen_device(generator)
+    P = torch.softmax(peakiness * torch.randn(*batch, H, S, A, S, generator=generator, dtype=dtype, device=gd), -1)
+    R = reward_scale * torch.randn(*batch, H, S, A, generator=generator, dtype=dtype, device=gd)
+    rho0 = torch.softmax(torch.randn(*batch, S, generator=generator, dtype=dtype, device=gd), -1)
+    return FiniteHorizonMDP(P, R, rho0)
+
+
+def token_mdp(prompt_probs: Tensor, R: Tensor) -> FiniteHorizonMDP:
+    r"""The token MDP of autoregressive generation as a :class:`FiniteHorizonMDP` (chapter 9).
+
+    A prompt :math:`x\in\{0,\dots,X-1\}` is drawn from ``prompt_probs``; at step :math:`t` the state is
+    the prefix :math:`(x, y_0, \dots, y_{t-1})`, the action is the next token
+    :math:`y_t\in\{0,\dots,V-1\}`, and the transition appends it, deterministically. The prefix of
+    length :math:`t` has the flat index :math:`s = xV^t + \sum_{u<t} y_u V^{t-1-u}`, so appending
+    :math:`a` maps :math:`s` to :math:`sV + a` and all :math:`S = XV^{H-1}` states of the last step
+    fit. A state :math:`s\ge XV^t` is unreachable at step :math:`t` and loops on itself.
+
+    Args:
+        prompt_probs: ``[*B, X]``, the prompt distribution (a distribution).
+        R: ``[*B, H, X * V**(H-1), V]``, the reward :math:`R_t(s, a)` of appending token :math:`a` to
+            prefix :math:`s` at step :math:`t` (a reward on the response alone lives at :math:`t = H-1`).
+
+    Returns:
+        A :class:`FiniteHorizonMDP` with :math:`S = XV^{H-1}` states and :math:`A = V` actions.
+    """
+    prompt_probs = V.float_tensor(prompt_probs, "prompt_probs", min_dim=1)
+    R = V.float_tensor(R, "R", min_dim=3)
+    sizes = V.layout("... X", prompt_probs=prompt_probs)
+    V.layout("... H S A", {"...": sizes["..."]}, R=R)
+    V.distribution(prompt_probs, "prompt_probs", "a distribution over prompts")
+    H, S, Vo = R.shape[-3], R.shape[-2], R.shape[-1]
+    X = prompt_probs.shape[-1]
+    if S != X * Vo ** (H - 1):
+        raise ValueError(f"R has shape {tuple(R.shape)}: its state dimension must be X * V**(H-1) = "
+                         f"{X} * {Vo}**{H - 1} = {X * Vo ** (H - 1)}, got {S}")
+    s = torch.arange(S, device=R.device)
+    nxt = torch.empty(H, S, Vo, dtype=torch.long, device=R.device)
+    for t in range(H):
+        append = (s[:, None] * Vo + torch.arange(Vo, device=R.device)) if t < H - 1 else s[:, None].expand(S, Vo)
+        nxt[t] = torch.where((s < X * Vo ** t)[:, None] & (t < H - 1), append, s[:, None])
+    P = torch.zeros(H, S, Vo, S, dtype=R.dtype, device=R.device)
+    P.scatter_(-1, nxt[..., None], 1.0)
+    B = tuple(prompt_probs.shape[:-1])
+    rho0 = torch.zeros(*B, S, dtype=R.dtype, device=R.device)
+    rho0[..., :X] = prompt_probs
+    return FiniteHorizonMDP(P.expand(*B, H, S, Vo, S).clone(), R, rho0)
+
+
+def _fh_check_policy(mdp: FiniteHorizonMDP, pi: Tensor, name: str) -> Tensor:
+    return V.distribution(V.same_kind(V.float_tensor(pi, name, min_dim=3), name, mdp.P, "mdp.P"), name,
+                          "pi[..., t, s, :] is a distribution over actions", shape=mdp.policy_shape)
+
+
+def finite_horizon_state_distributions(mdp: FiniteHorizonMDP, pi: Tensor) -> Tensor:
+    r"""The state distribution at every step (chapter 9, prop-ch09-finite-horizon):
+    :math:`\mu^\pi_0 = d_0` and :math:`\mu^\pi_{t+1}(s') = \sum_{s,a}\mu^\pi_t(s)\,\pi_t(a\mid s)\,P_t(s'\mid s, a)`,
+    so :math:`\mu^\pi_t(s) = \Pr_\pi(s_t = s)`.
+
+    Args:
+        mdp: the MDPs.
+        pi: ``[*B, H, S, A]``, time-indexed policies.
+
+    Returns:
+        ``mu[*B, H, S]``; every ``mu[..., t, :]`` is a distribution.
+    """
+    pi = _fh_check_policy(mdp, pi, "pi")
+    Ppi = torch.einsum("...tsa,...tsaz->...tsz", pi, mdp.P)
+    mu = [mdp.rho0]
+    for t in range(mdp.horizon - 1):
+        mu.append(torch.einsum("...s,...sz->...z", mu[-1], Ppi[..., t, :, :]))
+    return torch.stack(mu, -2)
+
+
+def finite_horizon_values(mdp: FiniteHorizonMDP, pi: Tensor) -> tuple[Tensor, Tensor]:
+    r"""Values by backward induction (chapter 9, prop-ch09-finite-horizon):
+
+    .. math::
+
+        V^\pi_H = 0,\qquad Q^\pi_t(s, a) = R_t(s, a) + \sum_{s'} P_t(s'\mid s, a)\,V^\pi_{t+1}(s'),\qquad
+        V^\pi_t(s) = \sum_a \pi_t(a\mid s)\,Q^\pi_t(s, a),
+
+    so :math:`V^\pi_t(s)` is the expected reward still to come from step :math:`t`, and
+    :math:`A^\pi_t = Q^\pi_t - V^\pi_t`.
+
+    Args:
+        mdp: the MDPs.
+        pi: ``[*B, H, S, A]``.
+
+    Returns:
+        ``(V, Q)``: ``V[*B, H + 1, S]`` (the last row is 0) and ``Q[*B, H, S, A]``.
+    """
+    pi = _fh_check_policy(mdp, pi, "pi")
+    Vs = [torch.zeros_like(mdp.rho0)]
+    Qs = []
+    for t in reversed(range(mdp.horizon)):
+        Q = mdp.R[..., t, :, :] + torch.einsum("...saz,...z->...sa", mdp.P[..., t, :, :, :], Vs[0])
+        Qs.insert(0, Q)
+        Vs.insert(0, (pi[..., t, :, :] * Q).sum(-1))
+    return torch.stack(Vs, -2), torch.stack(Qs, -3)
+
+
+def finite_horizon_performance(mdp: FiniteHorizonMDP, pi: Tensor) -> Tensor:
+    r"""The undiscounted return :math:`J(\pi) = \mathbb E\big[\sum_{t<H} R_t(s_t, a_t)\big] = \sum_s d_0(s)\,V^\pi_0(s)`
+    (chapter 9).
+
+    Args:
+        mdp: the MDPs.
+        pi: ``[*B, H, S, A]``.
+
+    Returns:
+        ``J[*B]``.
+    """
+    return (mdp.rho0 * finite_horizon_values(mdp, pi)[0][..., 0, :]).sum(-1)
+
+
+@dataclass
+class FiniteHorizonTerms(_LowerBound):
+    r"""Every term of the finite-horizon state-shift lemma and single-policy bound (chapter 9,
+    prop-ch09-finite-horizon), from :func:`finite_horizon_terms`.
+
+    Per-step fields are ``[*B, H]`` (``mu_old``, ``mu_new``, ``tv``, ``abar``: ``[*B, H, S]``); the
+    rest are ``[*B]``. Below, :math:`\pi_k` is ``pi_old``, :math:`\pi` is ``pi_new``,
+    :math:`\delta_t = \mathbb E_{s\sim\mu^{\pi_k}_t}[D_{\mathrm{TV}}(\pi_t, \pi_{k,t}; s)]` and
+    :math:`\bar A_t(s) = \mathbb E_{a\sim\pi_t(\cdot\mid s)}[A^{\pi_k}_t(s, a)]`.
+
+    Attributes:
+        horizon: :math:`H` (a Python int).
+        J_old, J_new: :math:`J(\pi_k)`, :math:`J(\pi)`.
+        improvement: :math:`J(\pi) - J(\pi_k)`.
+        surrogate: :math:`L_{\pi_k}(\pi) = \sum_t \mathbb E_{s\sim\mu^{\pi_k}_t}[\bar A_t(s)]` (eq-ch09-fh-surrogate).
+        mu_old, mu_new: :math:`\mu^{\pi_k}_t(s)`, :math:`\mu^\pi_t(s)`.
+        tv: :math:`D_{\mathrm{TV}}(\pi_t, \pi_{k,t}; s)`.
+        abar: :math:`\bar A_t(s)`.
+        eps_t: :math:`\omega_t = \max_s|\bar A_t(s)|`.
+        eps: :math:`\omega = \max_t\omega_t`.
+        expected_tv_t: :math:`\delta_t`.
+        expected_tv_new_t: :math:`\mathbb E_{s\sim\mu^\pi_t}[D_{\mathrm{TV}}(\pi_t, \pi_{k,t}; s)]`.
+        mean_tv: :math:`\bar\delta = \frac1H\sum_t\delta_t`, the expected TV under the normalised
+            visitation :math:`d_{\pi_k}(t, s) = \mu^{\pi_k}_t(s)/H`.
+        state_shift_t: :math:`\|\mu^\pi_t - \mu^{\pi_k}_t\|_1`.
+        lemma_bound_t: :math:`2\sum_{u<t}\delta_u`, the right-hand side of eq-ch09-fh-shift.
+        penalty_per_step: :math:`\sum_{t}\omega_t\cdot 2\sum_{u<t}\delta_u`, the sharpest form.
+        penalty: :math:`2\omega\sum_{t=0}^{H-2}(H-1-t)\,\delta_t`, the penalty of eq-ch09-fh-bound.
+        penalty_mean: :math:`2\omega H(H-1)\,\bar\delta`, the loosest form (one constant times the
+            average TV, the analogue of
+            :math:`\frac{2\gamma\omega}{(1-\gamma)^2}\mathbb E_{d_{\pi_k}}[D_{\mathrm{TV}}]`).
+        bound: ``surrogate - penalty``.
+    """
+
+    horizon: int
+    J_old: Tensor
+    J_new: Tensor
+    improvement: Tensor
+    surrogate: Tensor
+    mu_old: Tensor
+    mu_new: Tensor
+    tv: Tensor
+    abar: Tensor
+    eps_t: Tensor
+    eps: Tensor
+    expected_tv_t: Tensor
+    expected_tv_new_t: Tensor
+    mean_tv: Tensor
+    state_shift_t: Tensor
+    lemma_bound_t: Tensor
+    penalty_per_step: Tensor
+    penalty: Tensor
+    penalty_mean: Tensor
+    bound: Tensor
+
+    @property
+    def tightness(self) -> Tensor:
+        r""":math:`\tau = \big(L_{\pi_k}(\pi) - (J(\pi) - J(\pi_k))\big)/\text{penalty}\in[-1, 1]`; 1 means
+        the lower bound eq-ch09-fh-bound is attained. NaN where the penalty is 0."""
+        pen = self.penalty
+        return torch.where(pen > 0, (self.surrogate - self.improvement) / pen.clamp_min(1e-300),
+                           torch.full_like(pen, float("nan")))
+
+
+def finite_horizon_terms(mdp: FiniteHorizonMDP, pi_old: Tensor, pi_new: Tensor) -> FiniteHorizonTerms:
+    r"""Solve both policies exactly and return every term of the finite-horizon bounds (chapter 9,
+    prop-ch09-finite-horizon). The state-shift lemma, eq-ch09-fh-shift,
+
+    .. math::
+
+        \big\|\mu^\pi_t - \mu^{\pi_k}_t\big\|_1 \le 2\sum_{u<t}\delta_u,\qquad
+        \delta_u = \mathbb E_{s\sim\mu^{\pi_k}_u}\big[D_{\mathrm{TV}}(\pi_u, \pi_{k,u}; s)\big],
+
+    and the single-policy bound, eq-ch09-fh-bound,
+
+    .. math::
+
+        \big|J(\pi) - J(\pi_k) - L_{\pi_k}(\pi)\big| \le 2\omega\sum_{t=0}^{H-2}(H-1-t)\,\delta_t
+        \le 2\omega\,H(H-1)\,\bar\delta,\qquad
+        \omega = \max_{t,s}\big|\mathbb E_{a\sim\pi_t(\cdot\mid s)}A^{\pi_k}_t(s, a)\big|.
+
+    Args:
+        mdp: the MDPs.
+        pi_old: ``[*B, H, S, A]``, :math:`\pi_k`.
+        pi_new: ``[*B, H, S, A]``, :math:`\pi`.
+
+    Returns:
+        A :class:`FiniteHorizonTerms`.
+    """
+    H = mdp.horizon
+    V_old, Q_old = finite_horizon_values(mdp, pi_old)
+    pi_new = _fh_check_policy(mdp, pi_new, "pi_new")
+    A_old = Q_old - V_old[..., :H, :, None]
+    mu_old = finite_horizon_state_distributions(mdp, pi_old)
+    mu_new = finite_horizon_state_distributions(mdp, pi_new)
+    J_old = (mdp.rho0 * V_old[..., 0, :]).sum(-1)
+    J_new = finite_horizon_performance(mdp, pi_new)
+    tv = tv_distance(pi_new, pi_old)
+    abar = expected_advantage(pi_new, A_old)
+    eps_t = abar.abs().amax(-1)
+    eps = eps_t.amax(-1)
+    delta = (mu_old * tv).sum(-1)
+    before = torch.cumsum(delta, -1) - delta                        # sum_{u < t} delta_u
+    weights = torch.arange(H - 1, -1, -1, dtype=delta.dtype, device=delta.device)   # H - 1 - t
+    L = (mu_old * abar).sum((-1, -2))
+    pen = 2 * eps * (weights * delta).sum(-1)
+    return FiniteHorizonTerms(
+        horizon=H, J_old=J_old, J_new=J_new, improvement=J_new - J_old, surrogate=L, mu_old=mu_old,
+        mu_new=mu_new, tv=tv, abar=abar, eps_t=eps_t, eps=eps, expected_tv_t=delta,
+        expected_tv_new_t=(mu_new * tv).sum(-1), mean_tv=delta.mean(-1),
+        state_shift_t=(mu_new - mu_old).abs().sum(-1), lemma_bound_t=2 * before,
+        penalty_per_step=(eps_t * 2 * before).sum(-1), penalty=pen,
+        penalty_mean=2 * eps * H * (H - 1) * delta.mean(-1), bound=L - pen)
+
+
+def finite_horizon_tight_example(horizon: int, switch: GammaLike = 0.3, eta: GammaLike = 1e-3,
+                                 c: GammaLike = 1.0, *, switch_time: int = 0, dtype: torch.dtype = torch.float64):
+    r"""The finite-horizon analogue of :func:`tight_example`, on which eq-ch09-fh-bound is attained as
+    :math:`\eta\to0` for every switch time :math:`u` (chapter 9, prop-ch09-finite-horizon).
+
+    States: 0 = start, 1 = :math:`X`, 2 = :math:`Y`, rewards and policies as in :func:`tight_example`
+    (in :math:`X` action 1 pays :math:`1-c`, in :math:`Y` it pays :math:`1 + c/\eta`; both old and new
+    policies play action 0 in the start state before step :math:`u`, which keeps it there). At step
+    :math:`u` = ``switch_time`` the start state is left: action 0 leads to :math:`X`, action 1 to
+    :math:`Y`; :math:`\pi_k` plays action 1, :math:`\pi` plays action 0 with probability :math:`p`.
+    With :math:`n = H - 1 - u` steps left after the switch,
+
+    .. math::
+
+        L_{\pi_k}(\pi) = nc,\qquad J(\pi) - J(\pi_k) = nc\,(1-2p),\qquad
+        \text{penalty} = 2c\Big(np + \eta\,\frac{n(n-1)}{2}\Big),
+
+    so :math:`\tau = p/\big(p + \eta(n-1)/2\big)\to1`. The lemma is tight too:
+    :math:`\|\mu^\pi_t - \mu^{\pi_k}_t\|_1 = 2p` for :math:`t > u`, against :math:`2p + 2(t-1-u)\eta`.
+
+    Each of ``switch``, ``eta``, ``c`` is a float or a 1-D tensor ``[B]`` (tensors the same length).
+
+    Args:
+        horizon: :math:`H\ge2`.
+        switch: :math:`p\in(0, 1]`.
+        eta: :math:`\eta\in(0, 1)`.
+        c: :math:`c > 0`.
+        switch_time: :math:`u\in\{0,\dots,H-2\}`.
+        dtype: a floating dtype.
+
+    Returns:
+        ``(mdp, pi_old, pi_new)``: a :class:`FiniteHorizonMDP` with :math:`S = 3`, :math:`A = 2`, and
+        policies ``[*B, H, 3, 2]``.
+    """
+    V.floating_dtype(dtype, "dtype")
+    H = V.positive_int(horizon, "horizon", minimum=2)
+    u = V.int_in_range(switch_time, "switch_time", 0, H - 2)
+    tensors = {k: v for k, v in dict(switch=switch, eta=eta, c=c).items()
+               if isinstance(v, torch.Tensor) and v.dim() > 0}
+    shape = V.layout("B", **tensors).get("B", ())
+    shape = (shape,) if isinstance(shape, int) else shape
+    like = torch.empty((), dtype=dtype)
+    sw = V.per_batch(switch, "switch", shape, like, 0.0, 1.0, lo_open=True)
+    et = V.per_batch(eta, "eta", shape, like, 0.0, 1.0, lo_open=True, hi_open=True)
+    cc = V.per_batch(c, "c", shape, like, 0.0, lo_open=True)
+    P = torch.zeros(*shape, H, 3, 2, 3, dtype=dtype)
+    P[..., :, 1, :, 1] = 1.0                   # X absorbing
+    P[..., :, 2, :, 2] = 1.0                   # Y absorbing
+    P[..., :, 0, :, 0] = 1.0                   # the start state waits ...
+    P[..., u, 0, :, :] = 0.0
+    P[..., u, 0, 0, 1] = 1.0                   # ... until step u: action 0 -> X
+    P[..., u, 0, 1, 2] = 1.0                   #                   action 1 -> Y
+    one, zero = torch.ones(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
+    R1 = torch.stack([torch.stack([zero, zero], -1), torch.stack([one, 1 - cc], -1),
+                      torch.stack([one, 1 + cc / et], -1)], -2)
+    R = R1[..., None, :, :].expand(*shape, H, 3, 2).clone()
+    rho0 = torch.stack([one, zero, zero], -1)
+    stay = torch.stack([one, zero], -1)
+    old = torch.stack([stay, stay, stay], -2)[..., None, :, :].expand(*shape, H, 3, 2).clone()
+    old[..., u, 0, :] = torch.stack([zero, one], -1)
+    new = torch.stack([stay, torch.stack([zero, one], -1), torch.stack([1 - et, et], -1)], -2)
+    new = new[..., None, :, :].expand(*shape, H, 3, 2).clone()
+    new[..., u, 0, :] = torch.stack([sw, 1 - sw], -1)
+    return FiniteHorizonMDP(P, R, rho0), old, new
+
+
+def tight_mixture_example(gamma: GammaLike = 0.9, switch: GammaLike = 0.3, old_switches: Tensor | None = None,
+                          eta: GammaLike = 1e-3, c: GammaLike = 1.0, *, dtype: torch.dtype = torch.float64):
+    r"""Versions and a new policy on which the static-mixture bound (chapter 10, cor-ch10-static) is
+    tight as :math:`\eta\to0`.
+
+    The MDP of :func:`tight_example` with one change: in :math:`X`, action 1 pays :math:`1 - c/\eta`
+    (an anti-jackpot), and the new policy :math:`\pi` plays it with probability :math:`\eta`, so that
+    :math:`\bar A(X) = -c` at a per-state TV of only :math:`\eta`. Version :math:`i` goes from the start
+    to :math:`X` with probability :math:`q_i` (``old_switches``) and to :math:`Y` otherwise, then plays
+    action 0; :math:`\pi` goes to :math:`X` with probability :math:`p\ge q_i` (``switch``). Every version
+    has :math:`V^{\pi^{(i)}}(X) = V^{\pi^{(i)}}(Y)`, :math:`\omega_i = c`, and
+
+    .. math::
+
+        L_{\pi^{(i)}}(\pi) - \big(J(\pi) - J(\pi^{(i)})\big) = \frac{2\gamma c\,(p - q_i)}{1-\gamma},\qquad
+        \mathbb E_{d_{\pi^{(i)}}}\big[D_{\mathrm{TV}}(\pi, \pi^{(i)})\big] = (1-\gamma)(p - q_i) + \gamma\eta,
+
+    so each version's penalty :math:`\frac{2\gamma c}{(1-\gamma)^2}\big((1-\gamma)(p-q_i) + \gamma\eta\big)`
+    tends to its surrogate's error, and so does their :math:`\alpha`-average, for any shares.
+
+    Args:
+        gamma: :math:`\gamma\in[0, 1)`, a float or ``[B]``.
+        switch: :math:`p\in(0, 1]`, a float or ``[B]``.
+        old_switches: ``[M]`` or ``[B, M]``, the :math:`q_i\in[0, p]`; default ``[0, p/2]``.
+        eta: :math:`\eta\in(0, 1)`, a float or ``[B]``.
+        c: :math:`c > 0`, a float or ``[B]``.
+        dtype: a floating dtype.
+
+    Returns:
+        ``(mdp, policies, pi_new)``: a :class:`FiniteMDP` with :math:`S = 3`, :math:`A = 2`, the versions
+        ``[*B, M, 3, 2]`` and the new policy ``[*B, 3, 2]``, ready for :func:`static_mixture_terms`.
+    """
+    mdp, _, new = tight_example(gamma, switch, eta, c, dtype=dtype)
+    B = tuple(mdp.batch_shape)
+    p, et = new[..., 0, 0], new[..., 2, 1]
+    cc = V.per_batch(c, "c", B, p, 0.0, lo_open=True)
+    q = torch.stack([torch.zeros_like(p), p / 2], -1) if old_switches is None else \
+        V.float_tensor(old_switches, "old_switches").to(dtype)
+    q = V.shared_or_batched(q, "old_switches", B, (q.shape[-1],), "[M] (shared) or [B, M]")
+    V.tensor_in(q, "old_switches", 0.0, 1.0)
+    if bool((q > p[..., None] + 1e-12).any()):
+        raise ValueError("old_switches must be <= switch (q_i <= p): a version that goes to X more often "
+                         "than the new policy makes the surrogate err upwards, and the lower bound is loose")
+    R = mdp.R.clone()
+    R[..., 1, 1] = 1 - cc / et
+    new = new.clone()
+    new[..., 1, :] = torch.stack([1 - et, et], -1)
+    one, zero = torch.ones_like(q), torch.zeros_like(q)
+    pols = torch.stack([torch.stack([q, 1 - q], -1), torch.stack([one, zero], -1),
+                        torch.stack([one, zero], -1)], -2)                       # [*B, M, 3, 2]
+    return FiniteMDP(mdp.P, R, mdp.rho0, mdp.gamma), pols, new
+
+
+# --------------------------------------------------------------------------------------------
+# Chapter 11: the current policy's advantage on the mixed batch (prop-ch11-current-advantage)
+# --------------------------------------------------------------------------------------------
+@dataclass
+class CurrentAdvantageTerms(_LowerBound):
+    r"""The terms of the current-advantage bound (chapter 11, prop-ch11-current-advantage), computed on
+    the augmented MDP by :func:`current_advantage_terms`.
+
+    All fields are ``[*B]`` except ``abar`` (``[*B, S]``) and ``d_beta`` (``[*B, S, M]``). Below,
+    :math:`\pi_k` is ``pi_old``, :math:`\pi_{k+1}` is ``pi_new`` and the expectations are over
+    :math:`(s, i)\sim d_\beta`.
+
+    Attributes:
+        gamma: :math:`\gamma`.
+        J_old: :math:`J(\pi_k)`.
+        J_new: :math:`J(\pi_{k+1})`.
+        improvement: :math:`J(\pi_{k+1}) - J(\pi_k)`.
+        abar: :math:`\bar A_k(s) = \mathbb E_{a\sim\pi_{k+1}(\cdot\mid s)}\big[A^{\pi_k}(s, a)\big]` per state.
+        surrogate: :math:`L^{\pi_k}_\beta(\pi_{k+1}) = \frac1{1-\gamma}\,\mathbb E_{(s,i)\sim d_\beta,\
+            a\sim\pi^{(i)}}\big[\frac{\pi_{k+1}(a\mid s)}{\pi^{(i)}(a\mid s)}A^{\pi_k}(s, a)\big]`
+            (eq-ch11-current-surrogate); 0 when :math:`\pi_{k+1} = \pi_k`.
+        eps: :math:`\omega_k = \max_s|\bar A_k(s)|`, which is at most
+            :math:`2\|A^{\pi_k}\|_\infty\max_s D_{\mathrm{TV}}(\pi_{k+1}, \pi_k; s)`.
+        tv_new_behaviour: :math:`\mathbb E_{d_\beta}\big[D_{\mathrm{TV}}(\pi_{k+1}, \pi^{(i)}; s)\big]`.
+        U: :math:`U_k = \mathbb E_{d_\beta}\big[D_{\mathrm{TV}}(\pi_{k+1}, \pi_k; s)\big]`.
+        S: :math:`S_k = \mathbb E_{d_\beta}\big[D_{\mathrm{TV}}(\pi_k, \pi^{(i)}; s)\big]`.
+        coef: :math:`C_k = 2\gamma\omega_k/(1-\gamma)^2`.
+        penalty: :math:`C_k\,\mathbb E_{d_\beta}\big[D_{\mathrm{TV}}(\pi_{k+1}, \pi^{(i)}; s)\big]`.
+        bound: ``surrogate - penalty``, the right-hand side of eq-ch11-current.
+        bound_split: :math:`L^{\pi_k}_\beta(\pi_{k+1}) - C_k\,(U_k + S_k)`, the right-hand side of
+            eq-ch11-current-split (never larger than ``bound``).
+        d_beta: :math:`d_\beta(s, i)`, ``[*B, S, M]``.
+    """
+
+    gamma: Tensor
+    J_old: Tensor
+    J_new: Tensor
+    improvement: Tensor
+    abar: Tensor
+    surrogate: Tensor
+    eps: Tensor
+    tv_new_behaviour: Tensor
+    U: Tensor
+    S: Tensor
+    coef: Tensor
+    penalty: Tensor
+    bound: Tensor
+    bound_split: Tensor
+    d_beta: Tensor
+
+    @property
+    def tightness(self) -> Tensor:
+        r""":math:`\tau = \big(L^{\pi_k}_\beta(\pi_{k+1}) - (J(\pi_{k+1}) - J(\pi_k))\big)/\text{penalty}`,
+        at most 1 by eq-ch11-current; 1 means the bound is attained. NaN where the penalty is 0."""
+        pen = self.penalty
+        return torch.where(pen > 0, (self.surrogate - self.improvement) / pen.clamp_min(1e-300),
+                           torch.full_like(pen, float("nan")))
+
+
+def current_advantage_terms(mdp: FiniteMDP, policies: Tensor, alpha: Tensor, kernel: Tensor, pi_old: Tensor,
+                            pi_new: Tensor) -> CurrentAdvantageTerms:
+    r"""The current-advantage bound on a mixed batch (chapter 11, prop-ch11-current-advantage), solved
+    exactly on the augmented MDP. For any index kernel, eq-ch11-current and eq-ch11-current-split:
+
+    .. math::
+
+        J(\pi_{k+1}) - J(\pi_k) \ \ge\ L^{\pi_k}_\beta(\pi_{k+1})
+            - \frac{2\gamma\omega_k}{(1-\gamma)^2}\,
+              \mathbb E_{(s,i)\sim d_\beta}\big[D_{\mathrm{TV}}(\pi_{k+1}, \pi^{(i)}; s)\big]
+        \ \ge\ L^{\pi_k}_\beta(\pi_{k+1}) - \frac{2\gamma\omega_k}{(1-\gamma)^2}\,(U_k + S_k),
+
+    with the surrogate built on the CURRENT policy's advantage, reweighted to the batch,
+
+    .. math::
+
+        L^{\pi_k}_\beta(\pi) = \frac{1}{1-\gamma}\,
+            \mathbb E_{(s,i)\sim d_\beta,\ a\sim\pi^{(i)}(\cdot\mid s)}
+            \Big[\frac{\pi(a\mid s)}{\pi^{(i)}(a\mid s)}\,A^{\pi_k}(s, a)\Big]
+          = \frac{1}{1-\gamma}\sum_{s,i} d_\beta(s, i)\,\bar A_k(s),
+
+    :math:`\bar A_k(s) = \sum_a\pi_{k+1}(a\mid s)\,A^{\pi_k}(s, a)` and
+    :math:`\omega_k = \max_s|\bar A_k(s)|`. The sum form is the one computed (no support condition).
+    Unlike :func:`dynamic_mixture_terms` there is no term :math:`\frac{2\|A^{\pi_k}\|_\infty}{1-\gamma}S_k`:
+    both the surrogate and the penalty vanish when :math:`\pi_{k+1} = \pi_k`, whatever the staleness.
+
+    Args:
+        mdp: the MDPs, batch shape ``*B``.
+        policies: ``[*B, M, S, A]``, the versions :math:`\pi^{(i)}` that sampled.
+        alpha: ``[M]`` or ``[*B, M]``, the shares :math:`\alpha_i`.
+        kernel: ``[M, M]`` or ``[*B, M, M]``, the index kernel :math:`q`.
+        pi_old: ``[*B, S, A]``, the current policy :math:`\pi_k`.
+        pi_new: ``[*B, S, A]``, the updated policy :math:`\pi_{k+1}`.
+
+    Returns:
+        A :class:`CurrentAdvantageTerms`.
+    """
+    V.distribution(pi_old, "pi_old", _POLICY, shape=mdp.policy_shape)
+    V.distribution(pi_new, "pi_new", _POLICY, shape=mdp.policy_shape)
+    aug, beta = augment(mdp, policies, alpha, kernel)
+    M = aug.n_states // mdp.n_states
+    *B, S, A = mdp.R.shape
+    g = mdp.gamma
+    d_b = visitation(aug, beta)                                   # [*B, S*M]
+    new_l, old_l = lift_policy(pi_new, M), lift_policy(pi_old, M)
+    V_old = value(mdp, pi_old)
+    A_old = q_value(mdp, pi_old, V_old) - V_old[..., None]
+    abar = expected_advantage(pi_new, A_old)                      # [*B, S]
+    d_s = d_b.reshape(*B, S, M).sum(-1)                           # the state marginal of d_beta
+    L = (d_s * abar).sum(-1) / (1 - g)
+    eps = abar.abs().amax(-1)
+    tv_nb = (d_b * tv_distance(new_l, beta)).sum(-1)
+    U = (d_b * tv_distance(new_l, old_l)).sum(-1)
+    Sk = (d_b * tv_distance(old_l, beta)).sum(-1)
+    coef = 2 * g * eps / (1 - g) ** 2
+    J_old = (mdp.rho0 * V_old).sum(-1)
+    J_new = performance(mdp, pi_new)
+    return CurrentAdvantageTerms(
+        gamma=g, J_old=J_old, J_new=J_new, improvement=J_new - J_old, abar=abar, surrogate=L, eps=eps,
+        tv_new_behaviour=tv_nb, U=U, S=Sk, coef=coef, penalty=coef * tv_nb, bound=L - coef * tv_nb,
+        bound_split=L - coef * (U + Sk), d_beta=d_b.reshape(*B, S, M))

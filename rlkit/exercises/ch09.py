@@ -1,12 +1,13 @@
 r"""Checkers for the exercises of chapter 9, ``lessons/09_single_policy_bound.ipynb``.
 
 * ``discounted_visitation(P_pi, rho0, gamma)``: the normalised discounted visitation by one linear
-  solve, :math:`(I - \gamma P_\pi)^\top d = (1 - \gamma)\rho_0`.
+  solve, :math:`(I - \gamma P_\pi)^\top d = (1 - \gamma)d_0`.
 * ``surrogate_objective(d_old, pi_old, pi_new, adv_old, gamma)``: the surrogate
   :math:`L = \frac{1}{1-\gamma} \mathbb E_{s \sim d_{old}, a \sim \pi_{old}}[\frac{\pi_{new}}{\pi_{old}} A_{old}]`.
-* ``tv_penalty(d_old, pi_old, pi_new, adv_old, gamma)``: the penalty of Theorem 2.2,
-  :math:`\frac{2\gamma\epsilon}{(1-\gamma)^2}\mathbb E_{s\sim d_{old}}[D_{TV}]`,
-  :math:`\epsilon = \max_s |\mathbb E_{a\sim\pi_{new}} A_{old}(s,a)|`.
+* ``tv_penalty(d_old, pi_old, pi_new, adv_old, gamma)``: the penalty of the single-policy bound
+  (thm-ch09-single-policy),
+  :math:`\frac{2\gamma\omega}{(1-\gamma)^2}\mathbb E_{s\sim d_{old}}[D_{TV}]`,
+  :math:`\omega = \max_s |\mathbb E_{a\sim\pi_{new}} A_{old}(s,a)|`.
 
 Shapes: ``P_pi[..., S, S]``, ``rho0``/``d_old[..., S]``, policies and advantages ``[..., S, A]``,
 ``gamma`` a float in [0, 1).
@@ -43,7 +44,7 @@ def _vis_cases():
 @exercise(chapter=9, cases=_vis_cases, atol=1e-9,
           description="Normalised discounted state visitation by one linear solve.")
 def discounted_visitation(P_pi, rho0, gamma):
-    r""":math:`d = (1-\gamma)\,(I - \gamma P_\pi)^{-\top} \rho_0`;
+    r""":math:`d = (1-\gamma)\,(I - \gamma P_\pi)^{-\top} d_0`;
     ``P_pi[..., S, S]``, ``rho0[..., S]`` -> ``[..., S]``."""
     sizes = V.layout("... S S", floating=True, P_pi=P_pi)
     V.layout("... S", sizes, floating=True, rho0=rho0)
@@ -104,7 +105,7 @@ def _policy_cases(seed, with_mdp_gamma=(0.9, 0.6)):
 
 
 @exercise(chapter=9, cases=lambda: _policy_cases(919), atol=1e-9,
-          description="The surrogate objective L_{pi_old}(pi_new) of Theorem 2.2.")
+          description="The surrogate objective L_{pi_old}(pi_new) (eq-ch09-surrogate).")
 def surrogate_objective(d_old, pi_old, pi_new, adv_old, gamma):
     r"""The surrogate :math:`L = \frac{1}{1-\gamma}\sum_s d_{old}(s)\sum_a \pi_{old}(a|s)\,\rho(s, a)\,A_{old}(s,a)`
     with :math:`\rho = \pi_{new}(a|s)/\pi_{old}(a|s)`."""
@@ -159,14 +160,15 @@ def _tv(pi_new, pi_old):
 
 
 def _penalty(eps, expected_tv, gamma):
-    r""":math:`\frac{2\gamma\epsilon}{(1-\gamma)^2}\,\mathbb E_{s\sim d_{old}}[D_{TV}]`."""
+    r""":math:`\frac{2\gamma\omega}{(1-\gamma)^2}\,\mathbb E_{s\sim d_{old}}[D_{TV}]`."""
     return 2 * gamma * eps / (1 - gamma) ** 2 * expected_tv
 
 
-@exercise(chapter=9, cases=lambda: _policy_cases(929), atol=1e-9, description="The state-shift penalty of Theorem 2.2.")
+@exercise(chapter=9, cases=lambda: _policy_cases(929), atol=1e-9,
+          description="The state-shift penalty of the single-policy bound.")
 def tv_penalty(d_old, pi_old, pi_new, adv_old, gamma):
-    r""":math:`\frac{2\gamma\epsilon}{(1-\gamma)^2}\sum_s d_{old}(s) D_{TV}(\pi_{new},\pi_{old};s)`,
-    :math:`\epsilon=\max_s|\sum_a \pi_{new}(a|s)A_{old}(s,a)|`."""
+    r""":math:`\frac{2\gamma\omega}{(1-\gamma)^2}\sum_s d_{old}(s) D_{TV}(\pi_{new},\pi_{old};s)`,
+    :math:`\omega=\max_s|\sum_a \pi_{new}(a|s)A_{old}(s,a)|`."""
     sizes = V.layout("... S A", floating=True, pi_old=pi_old, pi_new=pi_new, adv_old=adv_old)
     V.layout("... S", sizes, floating=True, d_old=d_old)
     gamma = V.real_in(gamma, "gamma", 0.0, 1.0, hi_open=True)
@@ -180,31 +182,31 @@ def _pen_no_half(d_old, pi_old, pi_new, adv_old, gamma):
     return 2 * tv_penalty(d_old, pi_old, pi_new, adv_old, gamma)
 
 
-@mistake(tv_penalty, "epsilon uses the old policy's actions: E_{a ~ pi_old}[A_old] = 0 everywhere, "
-         "so the penalty vanishes. epsilon = max_s |E_{a ~ pi_new}[A_old(s, a)]|")
+@mistake(tv_penalty, "omega uses the old policy's actions: E_{a ~ pi_old}[A_old] = 0 everywhere, "
+         "so the penalty vanishes. omega = max_s |E_{a ~ pi_new}[A_old(s, a)]|")
 def _pen_eps_old(d_old, pi_old, pi_new, adv_old, gamma):
     return _penalty(_largest_expected_advantage(pi_old, adv_old), (d_old * _tv(pi_new, pi_old)).sum(-1), gamma)
 
 
-@mistake(tv_penalty, "you used the largest per-state TV; Theorem 2.2 uses its expectation under the "
+@mistake(tv_penalty, "you used the largest per-state TV; the single-policy bound uses its expectation under the "
          "old visitation d_old (the max gives a valid but looser bound)")
 def _pen_max_tv(d_old, pi_old, pi_new, adv_old, gamma):
     return _penalty(_largest_expected_advantage(pi_new, adv_old), _tv(pi_new, pi_old).amax(-1), gamma)
 
 
 @mistake(tv_penalty, "the horizon factor is 1/(1 - gamma)^2: one 1/(1 - gamma) from the "
-         "performance difference lemma, one from Lemma 2.1's amplification of the state shift")
+         "performance difference lemma, one from the state-shift lemma's amplification of a policy change")
 def _pen_not_squared(d_old, pi_old, pi_new, adv_old, gamma):
     return (1 - gamma) * tv_penalty(d_old, pi_old, pi_new, adv_old, gamma)
 
 
-@mistake(tv_penalty, "epsilon is the largest EXPECTED advantage |E_{a ~ pi_new} A_old(s, a)| "
+@mistake(tv_penalty, "omega is the largest EXPECTED advantage |E_{a ~ pi_new} A_old(s, a)| "
          "over states, not the largest |A_old(s, a)| over state-action pairs (that is valid but looser)")
 def _pen_eps_max_adv(d_old, pi_old, pi_new, adv_old, gamma):
     return _penalty(adv_old.abs().amax((-1, -2)), (d_old * _tv(pi_new, pi_old)).sum(-1), gamma)
 
 
-@mistake(tv_penalty, "epsilon needs the absolute value: max_s |E_{pi_new}[A_old(s, .)]|; "
+@mistake(tv_penalty, "omega needs the absolute value: max_s |E_{pi_new}[A_old(s, .)]|; "
          "a negative expected advantage can be the largest in size")
 def _pen_eps_no_abs(d_old, pi_old, pi_new, adv_old, gamma):
     return _penalty((pi_new * adv_old).sum(-1).amax(-1), (d_old * _tv(pi_new, pi_old)).sum(-1), gamma)

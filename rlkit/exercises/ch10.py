@@ -4,8 +4,9 @@ r"""Checkers for the exercises of chapter 10, ``lessons/10_static_mixtures.ipynb
   :math:`\tilde P((s',i') | (s,i), a) = P(s'|s,a)\, q(i'|i)`, flat index ``s * M + i``.
 * ``mixture_visitation(P, rho0, policies, alpha, gamma)``: the visitation of a trajectory-level
   mixture on the augmented space, :math:`d_\beta(s, i) = \alpha_i d_{\pi^{(i)}}(s)`, shape ``[S, M]``.
-* ``corollary31_bound(alpha, surrogates, eps, expected_tv, gamma)``: the right-hand side of
-  Corollary 3.1 from per-version terms (all ``[..., M]``).
+* ``corollary31_bound(alpha, surrogates, eps, expected_tv, gamma)``: the right-hand side of the
+  static-mixture bound (cor-ch10-static; the name recalls the article's Corollary 3.1) from
+  per-version terms (all ``[..., M]``).
 """
 from __future__ import annotations
 
@@ -126,7 +127,7 @@ def _mv_uniform(P, rho0, policies, alpha, gamma):
 # ---------------------------------------------------------------------- 3. corollary31_bound
 
 def _bound(surrogate, eps, expected_tv, gamma, horizon_power=2):
-    r""":math:`L - \frac{2\gamma\epsilon}{(1-\gamma)^2}\,\overline{D_{TV}}` (``horizon_power`` is the 2)."""
+    r""":math:`L - \frac{2\gamma\omega}{(1-\gamma)^2}\,\overline{D_{TV}}` (``horizon_power`` is the 2)."""
     return surrogate - 2 * gamma * eps / (1 - gamma) ** horizon_power * expected_tv
 
 
@@ -143,18 +144,18 @@ def _c31_cases():
 
 
 @exercise(chapter=10, cases=_c31_cases, atol=1e-9,
-          description="The right-hand side of Corollary 3.1 from per-version terms.")
+          description="The right-hand side of the static-mixture bound from per-version terms.")
 def corollary31_bound(alpha, surrogates, eps, expected_tv, gamma):
-    r"""Corollary 3.1,
-    :math:`\sum_i\alpha_i L_i - \frac{2\gamma\max_i\epsilon_i}{(1-\gamma)^2}\sum_i\alpha_i\,\mathbb E_{d_i}[D_{TV}]`;
+    r"""The static-mixture bound (cor-ch10-static),
+    :math:`\sum_i\alpha_i L_i - \frac{2\gamma\max_i\omega_i}{(1-\gamma)^2}\sum_i\alpha_i\,\mathbb E_{d_i}[D_{TV}]`;
     inputs ``[..., M]`` -> ``[...]``."""
     V.matching_floats(alpha=alpha, surrogates=surrogates, eps=eps, expected_tv=expected_tv)
     gamma = V.real_in(gamma, "gamma", 0.0, 1.0, hi_open=True)
     return _bound((alpha * surrogates).sum(-1), eps.amax(-1), (alpha * expected_tv).sum(-1), gamma)
 
 
-@mistake(corollary31_bound, "Corollary 3.1 uses the LARGEST epsilon over versions, max_i eps_i, "
-         "because epsilon of the augmented MDP is a max over all augmented states (s, i)")
+@mistake(corollary31_bound, "the static-mixture bound uses the LARGEST omega over versions, max_i omega_i, "
+         "because omega of the augmented MDP is a max over all augmented states (s, i)")
 def _c31_weighted_eps(alpha, surrogates, eps, expected_tv, gamma):
     return _bound((alpha * surrogates).sum(-1), (alpha * eps).sum(-1), (alpha * expected_tv).sum(-1), gamma)
 
