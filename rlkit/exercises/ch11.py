@@ -3,7 +3,8 @@ r"""Checkers for the exercises of chapter 11, ``lessons/11_dynamic_mixing.ipynb`
 * ``step_level_kernel(sigma, kappa)``: :math:`q(i'|i) = (1-\sigma_i)\mathbf 1\{i'=i\} + \sigma_i\kappa(i'|i)`.
 * ``update_shift_estimate(logp_new, logp_old, logp_behaviour)``: the sample estimate of
   :math:`U_k = \tfrac12\mathbb E|\rho_{k+1} - \rho_k|` (the ratio lemma, lem-ch11-ratio), mean over the last dimension.
-* ``corollary42_bound(surrogate, eps, adv_inf, U, S, gamma)``: the right-hand side of Corollary 4.2.
+* ``corollary42_bound(surrogate, eps, adv_inf, U, S, gamma)``: the right-hand side of eq-ch11-cor
+  (cor-ch11-split; the name keeps the article's numbering, Corollary 4.2).
 """
 from __future__ import annotations
 
@@ -127,9 +128,10 @@ def _c42_cases():
     return out
 
 
-@exercise(chapter=11, cases=_c42_cases, atol=1e-10, description="The right-hand side of Corollary 4.2.")
+@exercise(chapter=11, cases=_c42_cases, atol=1e-10,
+          description="The right-hand side of the U_k / S_k bound (cor-ch11-split, eq-ch11-cor).")
 def corollary42_bound(surrogate, eps, adv_inf, U, S, gamma):
-    r""":math:`L - C_1 U - (C_1 + C_2) S`, :math:`C_1 = \frac{2\gamma\epsilon}{(1-\gamma)^2}`,
+    r""":math:`L - C_1 U - (C_1 + C_2) S`, :math:`C_1 = \frac{2\gamma\omega}{(1-\gamma)^2}`,
     :math:`C_2 = \frac{2\|A_k\|_\infty}{1-\gamma}`; all inputs the same shape."""
     V.matching_floats(min_dim=0, surrogate=surrogate, eps=eps, adv_inf=adv_inf, U=U, S=S)
     gamma = V.real_in(gamma, "gamma", 0.0, 1.0, hi_open=True)
@@ -153,3 +155,15 @@ def _c42_swapped(surrogate, eps, adv_inf, U, S, gamma):
 @mistake(corollary42_bound, "C_1 = 2 gamma eps / (1 - gamma)^2 (squared); C_2 = 2 ||A_k||_inf / (1 - gamma)")
 def _c42_not_squared(surrogate, eps, adv_inf, U, S, gamma):
     return corollary42_bound(surrogate, eps * (1 - gamma), adv_inf, U, S, gamma)
+
+
+@mistake(corollary42_bound, "C_2 = 2 ||A_k||_inf / (1 - gamma) has a factor 2: the mixture gap is bounded by "
+         "sum_a |pi^(i) - pi_k| ||A_k||_inf = 2 D_TV ||A_k||_inf")
+def _c42_c2_no_two(surrogate, eps, adv_inf, U, S, gamma):
+    return corollary42_bound(surrogate, eps, adv_inf, U, S, gamma) + adv_inf / (1 - gamma) * S
+
+
+@mistake(corollary42_bound, "the staleness term is missing: a stale batch is not on-policy data, and S_k enters "
+         "with coefficient C_1 + C_2 (the phantom gain of the stale surrogate must be paid for)")
+def _c42_no_staleness(surrogate, eps, adv_inf, U, S, gamma):
+    return surrogate - 2 * gamma * eps / (1 - gamma) ** 2 * U
