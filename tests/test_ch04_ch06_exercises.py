@@ -88,6 +88,43 @@ def test_kl_estimators_hand_values_and_exact_expectations():
     assert torch.all(k3 >= 0) and torch.all(k2 >= 0)
 
 
+def test_kl_estimators_k3_is_accurate_at_tiny_log_ratios_and_the_checker_rejects_exp_minus_one():
+    ref = get("kl_estimators").reference
+    # independent: the Taylor series of e^l - 1 - l, in float64, for |l| <= 3e-4
+    lp = torch.tensor([-0.7, -1.3, -2.1, -0.2, -3.0, -1.0])
+    for dtype, tol in ((torch.float32, 1e-3), (F64, 1e-9)):
+        lpd = lp.to(dtype)
+        lq = lpd + torch.tensor([1e-4, -1e-4, 2e-4, -3e-4, 1.5e-4, -2e-4], dtype=dtype)
+        ell = (lq - lpd).double()
+        series = ell ** 2 / 2 + ell ** 3 / 6 + ell ** 4 / 24
+        k3 = ref(lpd, lq)[2].double()
+        assert torch.allclose(k3, series, rtol=tol, atol=0.0), (dtype, k3, series)
+
+    def naive(logp, logq):                      # the cancellation the checker must catch
+        ell = logq - logp
+        return -ell, 0.5 * ell * ell, torch.exp(ell) - 1 - ell
+    r = check(naive, name="kl_estimators", verbose=False)
+    assert not r and "expm1" in r.message and "cancels" in r.message and "tiny" in r.message
+    assert "float32" in r.message                # the first case it fails
+    # float64 does not hide the problem: at |l| ~ 1e-8 the float64 case rejects it on its own
+    ex = get("kl_estimators")
+    case64 = ex.get_cases()[-1]
+    assert "float64" in case64.label
+    got, exp = naive(*case64.args)[2], ref(*case64.args)[2]
+    assert not torch.allclose(got, exp, rtol=ex.rtol, atol=ex.atol)
+
+    def grouped(logp, logq):
+        ell = logq - logp
+        return -ell, 0.5 * ell * ell, torch.exp(ell) - (1 + ell)
+    r = check(grouped, name="kl_estimators", verbose=False)
+    assert not r and "expm1" in r.message
+
+    def float64_inside(logp, logq):             # more accurate than the reference: accepted
+        ell = (logq - logp).double()
+        return tuple(x.to(logp.dtype) for x in (-ell, 0.5 * ell * ell, torch.expm1(ell) - ell))
+    assert check(float64_inside, name="kl_estimators", verbose=False)
+
+
 def test_adaptive_kl_beta_matches_the_controller_class():
     from rlkit.controllers import AdaptiveKLController
     ex = get("adaptive_kl_beta")

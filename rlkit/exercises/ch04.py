@@ -4,12 +4,15 @@ r"""Checkers for the exercises of chapter 4, ``lessons/04_kl_trpo_ppo.ipynb``.
   distributions given by logits on the last dimension, with :math:`0\log 0 = 0`.
 * ``kl_estimators(logp, logq)``: the per-sample estimators :math:`(k_1, k_2, k_3)` of
   :math:`\mathrm{KL}(p\,\|\,q)` from samples of :math:`p`, with :math:`\ell = \log q - \log p`:
-  :math:`k_1 = -\ell`, :math:`k_2 = \ell^2/2`, :math:`k_3 = e^\ell - 1 - \ell`.
+  :math:`k_1 = -\ell`, :math:`k_2 = \ell^2/2`, :math:`k_3 = e^\ell - 1 - \ell`, checked to a
+  relative tolerance that rejects :math:`k_3` computed as ``exp(l) - 1 - l`` (cancellation at
+  small :math:`|\ell|`; use ``expm1``).
 * ``adaptive_kl_beta(beta, kl, target)``: one update of the PPO paper's penalty coefficient
-  (double above :math:`1.5\,d_{targ}`, halve below :math:`d_{targ}/1.5`).
+  (double above :math:`1.5\,D_{targ}`, halve below :math:`D_{targ}/1.5`).
 * ``clipped_surrogate_loss(logp_new, logp_old, advantages, eps)``: PPO-clip's per-sample loss
-  :math:`-\min(r\hat A, \mathrm{clip}(r, 1-\epsilon, 1+\epsilon)\hat A)`.
-* ``natural_step(s, Fs, delta)``: TRPO's full step :math:`\sqrt{2\delta / s^\top F s}\; s`.
+  :math:`-\min(\rho\hat A, \mathrm{clip}(\rho, 1-\epsilon, 1+\epsilon)\hat A)`.
+* ``natural_step(s, Fs, delta)``: TRPO's full step :math:`\sqrt{2\delta / s^\top F s}\; s` along the
+  natural-gradient direction ``s`` (:math:`\tilde g = F^{-1}g` in the chapter).
 """
 from __future__ import annotations
 
@@ -90,10 +93,25 @@ def _est_cases():
         Case(args=(torch.randn(8, 16, generator=g), torch.randn(8, 16, generator=g)), label="[8, 16] tokens"),
         Case(args=(torch.zeros(3, dtype=F64), torch.tensor([-20.0, 0.0, 20.0], dtype=F64)),
              label="large log-ratios, float64"),
+        # nearly identical policies (the first epochs of an update, a reference model close to the
+        # policy): k3 ~ l^2 / 2 is 5e-9 at |l| = 1e-4, far below the rounding error of exp(l) - 1 in
+        # float32 (6e-8); expm1(l) - l keeps about 3 correct digits there
+        Case(args=(_LOGP_TINY, _LOGP_TINY + torch.tensor([1e-4, -1e-4, 2e-4, -3e-4, 1.5e-4, -2e-4])),
+             label="tiny log-ratios |l| ~ 1e-4, float32"),
+        Case(args=(_LOGP_TINY[:5].double(), _LOGP_TINY[:5].double()
+                   + torch.tensor([1e-8, -1e-8, 3e-8, -2e-7, 5e-7], dtype=F64)),
+             label="tiny log-ratios |l| ~ 1e-8, float64"),
     ]
 
 
-@exercise(chapter=4, cases=_est_cases, atol=1e-5, description="k1, k2, k3 estimators of KL(p || q) from samples of p")
+_LOGP_TINY = torch.tensor([-0.7, -1.3, -2.1, -0.2, -3.0, -1.0])
+# the outputs are compared RELATIVELY (atol 0): k3 at a tiny log-ratio is tiny, and an absolute
+# tolerance would accept any answer there. rtol 5e-3 leaves room for the float32 rounding of
+# expm1(l) - l itself (at most 7e-4 on these cases).
+
+
+@exercise(chapter=4, cases=_est_cases, atol=0.0, rtol=5e-3,
+          description="k1, k2, k3 estimators of KL(p || q) from samples of p")
 def kl_estimators(logp, logq):
     r"""Per-sample :math:`(k_1, k_2, k_3)` with :math:`\ell = \log q - \log p`."""
     V.matching_floats(min_dim=0, logp=logp, logq=logq)
@@ -127,6 +145,24 @@ def _est_k3_plus(logp, logq):
     return k1, k2, k3 - 2 * k1
 
 
+_NO_EXPM1 = ("k3 computed as exp(l) - 1 - l loses all its digits when the log-ratio l is tiny: e^l is "
+             "1 + l + l^2/2 + ..., its l^2/2 part is far below the rounding error of numbers near 1 (6e-8 "
+             "in float32, 1e-16 in float64), and subtracting 1 cancels the leading digits. Use "
+             "torch.expm1(l) - l: expm1 computes e^l - 1 without forming e^l")
+
+
+@mistake(kl_estimators, _NO_EXPM1)
+def _est_k3_no_expm1(logp, logq):
+    lr = logq - logp
+    return -lr, 0.5 * lr * lr, torch.exp(lr) - 1 - lr
+
+
+@mistake(kl_estimators, _NO_EXPM1 + " (written here as exp(l) - (1 + l), which also rounds 1 + l)")
+def _est_k3_no_expm1_grouped(logp, logq):
+    lr = logq - logp
+    return -lr, 0.5 * lr * lr, torch.exp(lr) - (1 + lr)
+
+
 # --------------------------------------------------------------------------- 3. adaptive_kl_beta
 
 def _band(kl, target, low_divisor=1.5):
@@ -148,7 +184,8 @@ def _beta_cases():
 
 @exercise(chapter=4, cases=_beta_cases, atol=1e-12, description="one update of PPO's adaptive KL-penalty coefficient")
 def adaptive_kl_beta(beta, kl, target):
-    r"""PPO paper: :math:`\beta \times 2` if :math:`d > 1.5 d_{targ}`; :math:`/2` if :math:`d < d_{targ}/1.5`."""
+    r"""PPO paper: :math:`\beta \times 2` if :math:`\hat D > 1.5 D_{targ}`; :math:`/2` if
+    :math:`\hat D < D_{targ}/1.5` (:math:`\hat D` the measured KL)."""
     beta = V.real_in(beta, "beta", 0.0, lo_open=True)
     kl = V.real_in(kl, "kl", 0.0)
     target = V.real_in(target, "target", 0.0, lo_open=True)
@@ -196,8 +233,8 @@ def _sur_cases():
 
 @exercise(chapter=4, cases=_sur_cases, atol=1e-5, description="PPO-clip's per-sample loss")
 def clipped_surrogate_loss(logp_new, logp_old, advantages, eps):
-    r""":math:`-\min(r\hat A, \mathrm{clip}(r, 1-\epsilon, 1+\epsilon)\hat A)`,
-    :math:`r = e^{\log\pi - \log\pi_{old}}`."""
+    r""":math:`-\min(\rho\hat A, \mathrm{clip}(\rho, 1-\epsilon, 1+\epsilon)\hat A)`,
+    :math:`\rho = e^{\log\pi - \log\pi_{old}}`."""
     V.matching_floats(min_dim=0, logp_new=logp_new, logp_old=logp_old, advantages=advantages)
     eps = V.real_in(eps, "eps", 0.0, 1.0, lo_open=True, hi_open=True)
     ratio = torch.exp(logp_new - logp_old)

@@ -1,7 +1,8 @@
 r"""Checkers for the exercises of chapter 5, ``lessons/05_onpolicy_offpolicy_drift.ipynb``.
 
 * ``active_clip_fraction(logp_new, logp_old, advantages, eps)``: the fraction of samples whose
-  PPO-clip gradient is zero, i.e. :math:`(\hat A > 0 \wedge r > 1+\epsilon) \vee (\hat A < 0 \wedge r < 1-\epsilon)`.
+  PPO-clip gradient is zero, i.e.
+  :math:`(\hat A > 0 \wedge \rho > 1+\epsilon) \vee (\hat A < 0 \wedge \rho < 1-\epsilon)`.
 * ``wasserstein_1d(x, y)``: the 1-Wasserstein distance between two empirical samples of equal size
   along the last dimension, :math:`W_1 = \frac1n\sum_i |x_{(i)} - y_{(i)}|` (sorted samples).
 * ``kl_regularised_optimum(ref_logprobs, reward, beta)``: the log-probabilities of
@@ -46,7 +47,8 @@ def _clip_cases():
 @exercise(chapter=5, cases=_clip_cases, atol=1e-9, description="Fraction of samples whose PPO-clip gradient is zero.")
 def active_clip_fraction(logp_new, logp_old, advantages, eps):
     r"""Fraction of samples where PPO-clip selects the clipped branch (zero gradient), a 0-dim tensor:
-    :math:`\frac1n \#\{i : (\hat A_i > 0 \wedge r_i > 1+\epsilon) \vee (\hat A_i < 0 \wedge r_i < 1-\epsilon)\}`."""
+    :math:`\frac1n \#\{i : (\hat A_i > 0 \wedge \rho_i > 1+\epsilon)
+    \vee (\hat A_i < 0 \wedge \rho_i < 1-\epsilon)\}`."""
     V.matching_floats(min_dim=0, logp_new=logp_new, logp_old=logp_old, advantages=advantages)
     eps = V.real_in(eps, "eps", 0.0, 1.0, lo_open=True, hi_open=True)
     ratio = torch.exp(logp_new - logp_old)
