@@ -29,10 +29,17 @@ def test_references_against_independent_computations():
         assert torch.allclose(ref["top_p_logprobs"](z, p).exp(), sampling_logprobs(z, top_p=p).exp(), atol=1e-6)
     r = torch.rand(32, generator=torch.Generator().manual_seed(1))
     assert torch.allclose(ref["group_advantages"](r, 8), grpo_advantages(r, 8, eps=1e-6), atol=1e-5)
-    k, G = 1, 8                                          # one success in eight: (1 - k/G) / sample std
+    k, m = 1, 8                                          # one success in eight: (1 - k/m) / sample std
     rb = torch.tensor([1.0] + [0.0] * 7)
-    sd = math.sqrt(G / (G - 1) * (k / G) * (1 - k / G))
-    assert abs(ref["group_advantages"](rb, 8)[0].item() - (1 - k / G) / sd) < 1e-4
+    sd = math.sqrt(m / (m - 1) * (k / m) * (1 - k / m))
+    assert abs(ref["group_advantages"](rb, 8)[0].item() - (1 - k / m) / sd) < 1e-4
+    # the std normalisation is symmetric in k <-> m - k (rewards r -> 1 - r): one failure among seven
+    # successes gets minus the advantage of one success among seven failures, by the same hand formula
+    rf = 1.0 - rb
+    assert abs(ref["group_advantages"](rf, 8)[0].item() + (1 - k / m) / sd) < 1e-4
+    for kk in range(m + 1):
+        rk = torch.tensor([1.0] * kk + [0.0] * (m - kk), dtype=torch.float64)
+        assert torch.allclose(ref["group_advantages"](rk, m), -ref["group_advantages"](1 - rk, m), rtol=0, atol=1e-12)
     old = torch.tensor([[-1.0, -2.0, 0.0]])
     new = torch.tensor([[-0.8, -1.6, 9.0]])
     got = ref["sequence_ratio"](new, old, torch.tensor([[1.0, 1.0, 0.0]]))

@@ -6,7 +6,7 @@ r"""Checkers for the exercises of chapter 7, ``lessons/07_tiny_llm.ipynb``.
   tokens while the mass *before* a token is below ``p`` (the top token is always kept),
   renormalise over them, ``-inf`` elsewhere.
 * ``group_advantages(rewards, group_size)``: GRPO's group-normalised advantages,
-  :math:`(R_i - \bar R_g)/(\mathrm{std}_g + 10^{-6})` with the sample standard deviation.
+  :math:`(r_i - \bar r_g)/(\mathrm{std}_g + \zeta)`, :math:`\zeta = 10^{-6}`, with the sample standard deviation.
 * ``sequence_ratio(logp_new, logp_old, mask)``: GSPO's length-normalised sequence ratio,
   :math:`s_i = \exp\big(\frac{1}{|y_i|}\sum_t m_{i,t}(\log\pi_\theta - \log\pi_{\text{old}})\big)`.
 """
@@ -141,14 +141,14 @@ def _ga_cases():
 
 @exercise(chapter=7, cases=_ga_cases, atol=1e-5, description="GRPO's group-normalised advantages")
 def group_advantages(rewards, group_size):
-    """(R - group mean) / (group sample std + 1e-6); rewards [N], consecutive groups -> [N]."""
+    """(r - group mean) / (group sample std + zeta), zeta = 1e-6; rewards [N], consecutive groups -> [N]."""
     V.layout("N", floating=True, rewards=rewards)
     group_size = V.int_in_range(group_size, "group_size", 2, max(2, rewards.numel()))
     g = rewards.reshape(-1, group_size)
     return ((g - g.mean(-1, keepdim=True)) / (g.std(-1, keepdim=True) + 1e-6)).reshape(rewards.shape)
 
 
-@mistake(group_advantages, "use the sample standard deviation (divide by G - 1, torch's default)")
+@mistake(group_advantages, "use the sample standard deviation (divide by m - 1 for a group of m, torch's default)")
 def _ga_population_std(rewards, group_size):
     g = rewards.reshape(-1, group_size)
     return ((g - g.mean(-1, keepdim=True)) / (g.std(-1, keepdim=True, unbiased=False) + 1e-6)).reshape(-1)
