@@ -481,24 +481,24 @@ def grpo_advantages(rewards: Tensor, group_size: int, scale: str = "std",
                     eps: float = 1e-6) -> Tensor:
     r"""Group-relative advantages (GRPO, Shao et al. 2024; ``scale="none"`` is Dr. GRPO).
 
-    For the :math:`G` completions :math:`i` of one prompt,
+    For the :math:`m` completions :math:`i` of one prompt,
 
-    .. math::  \hat A_i = \frac{R_i - \mathrm{mean}_j R_j}{\mathrm{std}_j R_j + \varepsilon}
+    .. math::  \hat A_i = \frac{r_i - \mathrm{mean}_j r_j}{\mathrm{std}_j r_j + \zeta}
                \quad(\texttt{scale="std"}), \qquad
-               \hat A_i = R_i - \mathrm{mean}_j R_j \quad(\texttt{scale="none"}),
+               \hat A_i = r_i - \mathrm{mean}_j r_j \quad(\texttt{scale="none"}),
 
     with the sample standard deviation (``n - 1``, as in common implementations; 0 when
-    ``group_size == 1``). Dividing by the std gives prompts whose answers are almost all right
-    or almost all wrong (small std) a *larger* weight; Dr. GRPO drops it to remove that
+    ``group_size == 1``; :math:`\zeta` is ``eps``). Dividing by the std gives prompts whose answers
+    are almost all right or almost all wrong (small std) a *larger* weight; Dr. GRPO drops it to remove that
     difficulty bias. A group with identical rewards gets advantages of exactly 0 either way
     (in any dtype). An empty ``rewards`` gives an empty result.
 
     Args:
         rewards: ``[..., N]`` scalar rewards, ``N = n_prompts * group_size``, the completions of
             each prompt consecutive.
-        group_size: ``G >= 1``.
+        group_size: :math:`m \ge 1`.
         scale: ``"std"`` or ``"none"``.
-        eps: ``> 0``, added to the std.
+        eps: :math:`\zeta > 0`, added to the std.
 
     Returns: ``[..., N]`` advantages (per sequence; expand over tokens yourself).
 
@@ -517,14 +517,14 @@ def grpo_advantages(rewards: Tensor, group_size: int, scale: str = "std",
 def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
     r"""REINFORCE leave-one-out advantages (Kool et al. 2019; Ahmadian et al. 2024).
 
-    .. math::  \hat A_i = R_i - \frac{1}{G-1}\sum_{j\ne i} R_j = \frac{G}{G-1}\big(R_i - \bar R\big).
+    .. math::  \hat A_i = r_i - \frac{1}{m-1}\sum_{j\ne i} r_j = \frac{G}{m-1}\big(r_i - \bar r\big).
 
-    The baseline for completion :math:`i` does not use :math:`R_i`, so it is independent of
+    The baseline for completion :math:`i` does not use :math:`r_i`, so it is independent of
     the action and the gradient estimate stays unbiased (GRPO's group mean includes
-    :math:`R_i`, which shrinks the advantage by :math:`(G-1)/G`).
+    :math:`r_i`, which shrinks the advantage by :math:`(m-1)/m`).
 
     Args:
-        rewards: ``[..., N]``, consecutive groups of ``group_size``. group_size: ``G >= 2``.
+        rewards: ``[..., N]``, consecutive groups of ``group_size``. group_size: :math:`m \ge 2`.
 
     Returns: ``[..., N]``.
 

@@ -17,10 +17,10 @@ One step of every trainer:
 =========  =================================================  ==============================  =======================
 ``algo``   advantage of response :math:`i` (token :math:`t`)  policy loss                     aggregation (default)
 =========  =================================================  ==============================  =======================
-reinforce  :math:`R_i - \bar R` (batch-mean baseline)         policy gradient                 seq-mean-token-sum-norm
-rloo       :math:`R_i - \frac{1}{G-1}\sum_{j\ne i}R_j`        policy gradient                 seq-mean-token-sum-norm
-grpo       :math:`(R_i - \bar R_g)/(\sigma_g + \varepsilon)`  PPO-clip, :math:`\epsilon=0.2`  seq-mean-token-mean
-dr_grpo    :math:`R_i - \bar R_g`                             PPO-clip                        seq-mean-token-sum-norm
+reinforce  :math:`r_i - \bar r` (batch-mean baseline)         policy gradient                 seq-mean-token-sum-norm
+rloo       :math:`r_i - \frac{1}{m-1}\sum_{j\ne i}r_j`        policy gradient                 seq-mean-token-sum-norm
+grpo       :math:`(r_i - \bar r_g)/(\sigma_g + \zeta)`        PPO-clip, :math:`\epsilon=0.2`  seq-mean-token-mean
+dr_grpo    :math:`r_i - \bar r_g`                             PPO-clip                        seq-mean-token-sum-norm
 dapo       as grpo, zero-variance groups resampled            clip-higher (0.2, 0.28)         token-mean
 gspo       as grpo                                            PPO-clip on the sequence ratio  one term per sequence
 ppo        GAE over tokens with a learned value, whitened     PPO-clip + value loss           token-mean
@@ -310,7 +310,7 @@ def collect(model, tok: CharTokenizer, task: Task, cfg: RLConfig, rng: random.Ra
 def sequence_advantages(rewards: torch.Tensor, algo: str, group_size: int) -> torch.Tensor:
     r"""One advantage per response for the critic-free algorithms (``rewards`` ``[N]`` -> ``[N]``).
 
-    reinforce: :math:`R_i - \bar R` over the batch; rloo: :func:`rlkit.objectives.rloo_advantages`;
+    reinforce: :math:`r_i - \bar r` over the batch; rloo: :func:`rlkit.objectives.rloo_advantages`;
     grpo/dapo/gspo: :func:`rlkit.objectives.grpo_advantages` with ``scale="std"``;
     dr_grpo: the same with ``scale="none"``. Chapter: 07_tiny_llm.
     """
