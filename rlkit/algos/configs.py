@@ -172,14 +172,23 @@ class PPOConfig(_EpochConfig):
 
 @dataclass(frozen=True)
 class StalePPOConfig(_EpochConfig):
-    """:func:`rlkit.algos.train_stale_ppo`: the fields of :class:`A2CConfig`, ``epochs`` and
-    ``num_minibatches``, with its own defaults (a 25k-step budget, lr 2.5e-3 annealed, 10 epochs).
+    r""":func:`rlkit.algos.train_stale_ppo`: the fields of :class:`A2CConfig`, ``epochs`` and
+    ``num_minibatches``, with its own defaults (a 25k-step budget, lr 2.5e-3 annealed, 10 epochs), and
+
+    * ``advantages``: ``"gae"`` (GAE on the stale trajectory as observed, uncorrected) or
+      ``"vtrace"`` (the current policy's advantage :math:`A^{\pi_k}` estimated off-policy by
+      :func:`rlkit.algos.stale_ppo.vtrace_advantages`, critic regressed on V-trace targets);
+    * ``vtrace_clip``: V-trace's truncation :math:`\bar\rho = \bar c` (``> 0``; used by
+      ``advantages="vtrace"`` only).
+
     The clipped objective and the staleness knobs are a :class:`rlkit.staleness.StaleTrainingConfig`,
     the trainer's second argument."""
 
     total_steps: int = V.int_field(25_000)
     lr: float = V.number_field(2.5e-3, **_POS)
     anneal_lr: bool = V.bool_field(True)
+    advantages: str = V.choice_field("gae", ("gae", "vtrace"))
+    vtrace_clip: float = V.number_field(1.0, **_POS)
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,13 @@ One update :math:`k` (read top to bottom in :func:`rlkit.algos.train_stale_ppo`)
 1. **Sample.** Draw a lag per env row, act with the archived versions
    (:meth:`rlkit.rollout.RolloutCollector.collect`); every sample keeps its version and its
    behaviour log-prob :math:`\log\mu(a\mid s)` (:class:`rlkit.staleness.VersionedBuffer`).
-2. **Advantages.** GAE with the learner's current critic (:func:`rlkit.returns.gae`); the
-   behaviour trajectory is what was observed, so the advantage is the behaviour version's.
+2. **Advantages.** With ``cfg.advantages="gae"`` (default): GAE with the learner's current critic
+   (:func:`rlkit.returns.gae`) on the behaviour trajectory as observed: every later action was
+   the old version's, and nothing corrects for it. With ``cfg.advantages="vtrace"``:
+   :func:`vtrace_advantages`, the advantage of the *current* policy :math:`\pi_k` estimated
+   off-policy from the stale trajectory with truncated importance weights
+   :math:`\min(\bar c, \pi_k/\mu)` on the later actions, and V-trace targets for the critic
+   (:func:`rlkit.offpolicy.vtrace`, target :math:`\pi_k`, behaviour the version that sampled).
 3. **Staleness control.** :math:`\log\pi_k(a\mid s)` of every sample; :math:`\hat S_k` on the
    whole batch; the version window (:func:`rlkit.staleness.version_window`) and the staleness
    filter (:func:`rlkit.staleness.staleness_filter`) choose the samples to learn from.
@@ -54,9 +59,11 @@ from collections.abc import Callable
 
 import torch
 
+from .. import _validate as V
 from ..divergences import entropy_categorical, kl_categorical, tv_categorical
 from ..estimators import effective_sample_size
 from ..objectives import clipped_policy_loss
+from ..offpolicy import vtrace
 from ..returns import from_gymnasium, gae
 from ..staleness import (
     PolicyArchive,
@@ -72,7 +79,58 @@ from ._common import Run, config_of, setup
 from .configs import StalePPOConfig
 from .ppo import _ppo_epochs
 
-__all__ = ["train_stale_ppo"]
+__all__ = ["train_stale_ppo", "vtrace_advantages"]
+
+
+def vtrace_advantages(log_rhos: torch.Tensor, rewards: torch.Tensor, values: torch.Tensor,
+                      next_values: torch.Tensor, discounts: torch.Tensor, lam: float | torch.Tensor,
+                      clip: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Off-policy GAE with V-trace: advantages of the target policy from a behaviour trajectory.
+
+    With :math:`\rho_t = \pi(a_t|s_t)/\mu(a_t|s_t)` (``log_rhos`` its log), :math:`\bar\rho_t =
+    \min(\bar\rho, \rho_t)`, :math:`c_t = \lambda_t\min(\bar c, \rho_t)` (here
+    :math:`\bar\rho = \bar c =` ``clip``), :math:`\delta_t = r_t + \gamma_t V(s_{t+1}) - V(s_t)`
+    and the V-trace targets :math:`v_t` of :func:`rlkit.offpolicy.vtrace`,
+
+    .. math::  \hat A_t = \delta_t + \gamma_t\lambda_t\,\big(v_{t+1} - V(s_{t+1})\big)
+               = \delta_t + \sum_{j\ge 1}\Big(\prod_{i=0}^{j-1}\gamma_{t+i}\Big)\lambda_t
+               \Big(\prod_{i=1}^{j-1} c_{t+i}\Big)\bar\rho_{t+j}\,\delta_{t+j},
+
+    with :math:`v_T - V(s_T) = 0` at the end of the segment. It is an estimate of
+    :math:`Q^{\tilde\pi}(s_t, a_t) - V(s_t)` for the action actually taken, where :math:`\tilde\pi
+    \propto \min(\bar\rho\,\mu, \pi)` is V-trace's target (:math:`\tilde\pi = \pi` when no ratio
+    exceeds the clip; a larger ``clip`` moves it towards :math:`\pi` at the price of variance,
+    Espeholt et al., 2018). The action :math:`a_t` itself carries no weight, because the clipped
+    objective's own ratio :math:`\pi_\theta/\mu` reweights it; the later actions are corrected by
+    the truncated ratios. (IMPALA's policy-gradient advantage, the second output of
+    :func:`rlkit.offpolicy.vtrace`, is instead :math:`\bar\rho_t(r_t + \gamma_t v_{t+1} - V(s_t))`,
+    weighted for a loss without a ratio.)
+
+    On-policy (``log_rhos`` all 0) with ``clip >= 1`` this is GAE (:func:`rlkit.returns.gae`,
+    same ``lam``) and :math:`v_t` the lambda-return, up to rounding.
+
+    Args:
+        log_rhos: ``[..., T]`` :math:`\log\pi - \log\mu` of the taken actions (no gradient used).
+        rewards, values, next_values, discounts: ``[..., T]`` as in :func:`rlkit.returns.gae`.
+        lam: float or ``[..., T]`` tensor in ``[0, 1]``; zeros cut the trace (truncations, see
+            :func:`rlkit.returns.from_gymnasium`).
+        clip: :math:`\bar\rho = \bar c > 0`, finite.
+
+    Returns:
+        ``(advantages, value_targets)``, both ``[..., T]``, without gradient; ``value_targets`` are
+        the V-trace targets :math:`v_t` (the critic's regression targets for :math:`V^{\pi}`).
+
+    Chapter: 12_clipping_staleness (method 1 with corrected advantages).
+    """
+    clip = V.real_in(clip, "clip", 0.0, lo_open=True)
+    vs, _ = vtrace(log_rhos, rewards, values, next_values, discounts, clip_rho=clip, clip_c=clip, lam=lam)
+    with torch.no_grad():
+        lam_t = lam if isinstance(lam, torch.Tensor) else torch.full_like(rewards, float(lam))
+        correction = torch.zeros_like(values)                         # v_{t+1} - V(s_{t+1}); 0 at t = T-1
+        correction[..., :-1] = (vs - values)[..., 1:]
+        td = rewards + discounts * next_values - values
+        adv = td + discounts * lam_t * correction
+    return adv.detach(), vs.detach()
 
 
 def _mixed_actor(archive: PolicyArchive, versions: torch.Tensor):
@@ -109,7 +167,10 @@ def train_stale_ppo(env: str | Callable = "CartPole-v1", cfg: StalePPOConfig | N
             push the learning rate up mid-run); applied on top of the annealing and of rollbacks.
         callback, progress, device, threads: as in :func:`rlkit.algos.train_reinforce`.
 
-    ``history.config`` holds ``cfg``'s fields and, under ``"staleness"``, ``stale.to_dict()``.
+    ``cfg.advantages`` chooses the advantage estimator (``"gae"``, uncorrected, or ``"vtrace"``,
+    :func:`vtrace_advantages` with ``cfg.vtrace_clip``; both use the learner's current critic, which
+    regresses on the matching targets). ``history.config`` holds ``cfg``'s fields and, under
+    ``"staleness"``, ``stale.to_dict()``.
     """
     cfg = config_of(cfg, StalePPOConfig)
     stale = StaleTrainingConfig() if stale is None else stale
@@ -138,9 +199,18 @@ def train_stale_ppo(env: str | Callable = "CartPole-v1", cfg: StalePPOConfig | N
         row_versions = archive.behaviour_versions(version, lags)
         batch = collector.collect(_mixed_actor(archive, row_versions), num_steps, value_fn=model.critic)
 
-        # 2. GAE with the learner's critic (time last: [N, T])
+        # 2. advantages with the learner's critic (time last: [N, T]): GAE as observed, or the advantage
+        #    of the current policy pi_k by V-trace (target pi_k, behaviour the version of each row)
         discounts, lam_mask = from_gymnasium(batch.terminated, batch.truncated, cfg.gamma)
-        adv, returns = gae(batch.rewards, batch.values, batch.next_values, discounts, cfg.gae_lambda * lam_mask)
+        if cfg.advantages == "gae":
+            adv, returns = gae(batch.rewards, batch.values, batch.next_values, discounts, cfg.gae_lambda * lam_mask)
+        else:
+            with torch.no_grad():
+                lp_now = torch.distributions.Categorical(logits=model.actor(batch.obs)).log_prob(batch.actions)
+                fresh = (row_versions.to(dev) == version)[:, None]       # pi_k sampled these rows itself
+                log_rhos = torch.where(fresh, torch.zeros_like(lp_now), lp_now - batch.logp)
+            adv, returns = vtrace_advantages(log_rhos, batch.rewards, batch.values, batch.next_values, discounts,
+                                             cfg.gae_lambda * lam_mask, clip=cfg.vtrace_clip)
         T = num_steps
         buffer.put(row_versions.to(dev).repeat_interleave(T), batch.logp.reshape(-1),
                    obs=batch.obs.reshape(num_envs * T, -1), actions=batch.actions.reshape(-1),
