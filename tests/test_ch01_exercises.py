@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from rlkit.exercises import exercises, get
+from rlkit.exercises import check, exercises, get
 
 CH01 = ["softmax_score", "bandit_gradient", "reward_to_go", "reinforce_loss"]
 
@@ -19,6 +19,12 @@ def test_chapter_registers_four_exercises():
     assert sorted(names) == sorted(CH01)
 
 
+def _outputs(ex, fn, case):
+    # what the checker compares: the return value, or what the exercise's probe returns
+    out = ex.probe(fn, *case.args) if ex.probe is not None else fn(*case.args)
+    return out if isinstance(out, tuple) else (out,)
+
+
 def test_mistakes_are_distinguishable():
     # each mistake differs from the reference on some case (else it could never be reported)
     for name in CH01:
@@ -26,10 +32,10 @@ def test_mistakes_are_distinguishable():
         for m in ex.mistakes:
             differs = False
             for case in ex.get_cases():
-                a = m.fn(*case.args)
-                b = ex.reference(*case.args)
-                if a.shape != b.shape or not torch.allclose(a.double(), b.double(), atol=ex.atol, rtol=ex.rtol):
-                    differs = True
+                for a, b in zip(_outputs(ex, m.fn, case), _outputs(ex, ex.reference, case)):
+                    if a.shape != b.shape or not torch.allclose(a.double(), b.double(), atol=ex.atol, rtol=ex.rtol,
+                                                                equal_nan=True):
+                        differs = True
             assert differs, (name, m.cause)
 
 
@@ -122,6 +128,52 @@ def test_reinforce_loss_does_not_backprop_into_weights():
     loss.backward()
     assert w.grad is None
     assert math.isclose(float(loss.detach()), 2 * math.log(2), rel_tol=1e-6)
+
+
+def _student_loss(detach):
+    # a student's REINFORCE loss, written here independently of the reference
+    def reinforce_loss(logits, actions, weights, mask):
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, actions[..., None]).squeeze(-1)
+        w = weights.detach() if detach else weights
+        return -(mask.to(logp.dtype) * w * logp).sum() / logits.shape[0]
+    return reinforce_loss
+
+
+def test_a_loss_whose_weights_are_not_detached_is_rejected_with_its_cause():
+    good = check(_student_loss(detach=True), verbose=False)
+    assert good, good.message
+    bad = check(_student_loss(detach=False), verbose=False)
+    assert not bad
+    assert "output 1" in bad.message and "the weights are not detached" in bad.message, bad.message
+
+
+def test_a_loss_with_no_gradient_is_rejected_with_its_cause():
+    def reinforce_loss(logits, actions, weights, mask):
+        with torch.no_grad():
+            return _student_loss(detach=True)(logits, actions, weights, mask)
+
+    bad = check(reinforce_loss, verbose=False)
+    assert not bad and "carries no gradient" in bad.message, bad.message
+
+
+def test_not_detaching_changes_the_gradient_when_the_weights_depend_on_the_parameters():
+    # independent of the probe: weights computed from the same logits (a shared critic) by hand
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(2, 3, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    actions = torch.randint(0, 4, (2, 3), generator=g)
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    weights = torch.tanh(logits).sum(-1)                 # depends on theta
+    grads = {d: torch.autograd.grad(_student_loss(d)(logits, actions, weights, mask), logits)[0] for d in (True, False)}
+    # detached: exactly the REINFORCE estimate -(1/N) sum w (e_a - pi); not detached: something else
+    pi = torch.softmax(logits.detach(), -1)
+    est = weights.detach()[..., None] * (torch.nn.functional.one_hot(actions, 4).double() - pi) / 2
+    assert torch.allclose(grads[True], -est, atol=1e-12)
+    assert (grads[False] - grads[True]).abs().max() > 1e-2
+    # the probe's reference gradient is this estimate too, whatever the weights depend on
+    ex = get("reinforce_loss")
+    loss, grad = ex.probe(ex.reference, logits.detach(), actions, weights.detach(), mask)
+    assert torch.allclose(grad, -est, atol=1e-12)
+    assert math.isclose(float(loss), float(_student_loss(True)(logits, actions, weights, mask)), rel_tol=1e-12)
 
 
 @pytest.mark.parametrize("name,args,err", [

@@ -94,6 +94,36 @@ def test_gae_advantages_matches_library_and_closed_forms():
     assert torch.allclose(out, gae(r, v, nv, d, lam)[0], atol=1e-12)
 
 
+def _student_gae(gamma_in_delta, gamma_in_trace):
+    # a student's GAE loop, written here; each gamma is "per-step" (the discounts) or "constant"
+    def gae_advantages(rewards, values, next_values, discounts, lam):
+        lam = lam if isinstance(lam, torch.Tensor) else torch.full_like(rewards, float(lam))
+        const = torch.full_like(discounts, float(discounts.max()))
+        g_delta = discounts if gamma_in_delta == "per-step" else const
+        g_trace = discounts if gamma_in_trace == "per-step" else const
+        out, a = torch.empty_like(rewards), torch.zeros_like(rewards[..., 0])
+        for t in range(rewards.shape[-1] - 1, -1, -1):
+            delta = rewards[..., t] + g_delta[..., t] * next_values[..., t] - values[..., t]
+            a = delta + g_trace[..., t] * lam[..., t] * a
+            out[..., t] = a
+        return out
+    return gae_advantages
+
+
+@pytest.mark.parametrize("in_delta,in_trace,says", [
+    ("per-step", "per-step", None),
+    ("constant", "constant", "one constant gamma (the largest discount) instead of the per-step discounts"),
+    ("per-step", "constant", "the trace runs across a termination into the next episode"),
+])
+def test_a_gae_with_a_constant_gamma_is_rejected_with_its_cause(in_delta, in_trace, says):
+    result = check(_student_gae(in_delta, in_trace), verbose=False)
+    if says is None:
+        assert result, result.message
+    else:
+        assert not result and says in result.message, result.message
+        assert "case 2 (two episodes in one row" in result.message     # caught on the hand-sized case
+
+
 def test_gae_equals_lambda_average_of_k_step_advantages():
     # the derivation of the chapter: GAE = (1-lam) sum_k lam^(k-1) A^(k) with the tail on A^(K)
     ks, la, ga = (get(n).reference for n in ("k_step_advantage", "lambda_average", "gae_advantages"))
@@ -182,6 +212,43 @@ def test_chi_square_matches_library_and_monte_carlo():
     xs = torch.multinomial(q, 400_000, replacement=True, generator=g)
     w = (p / q)[xs]
     assert abs(float(w.var()) - float(chi(zp[0], zq[0]))) < 0.05 * float(chi(zp[0], zq[0])) + 0.01
+
+
+@pytest.mark.parametrize("formula,says", [
+    ("log space", None),
+    ("p^2/q", "p^2/q is 0/0 = NaN"),
+    ("(p-q)^2/q", "p^2/q is 0/0 = NaN"),          # the same failure: 0/0 where q underflows
+    ("E_p[p/q]", "the ratio p/q is inf"),
+])
+def test_a_chi_square_from_probabilities_is_rejected_with_its_cause(formula, says):
+    def chi_square_divergence(logits_p, logits_q):
+        if formula == "log space":
+            lp, lq = torch.log_softmax(logits_p, -1), torch.log_softmax(logits_q, -1)
+            return torch.exp(torch.logsumexp(2 * lp - lq, -1)) - 1
+        p, q = torch.softmax(logits_p, -1), torch.softmax(logits_q, -1)
+        if formula == "p^2/q":
+            return (p * p / q).sum(-1) - 1
+        if formula == "(p-q)^2/q":
+            return ((p - q) ** 2 / q).sum(-1)
+        return (p * (p / q)).sum(-1) - 1
+
+    result = check(chi_square_divergence, verbose=False)
+    if says is None:
+        assert result, result.message
+    else:
+        assert not result and says in result.message and "underflows" in result.message, result.message
+
+
+def test_chi_square_in_log_space_is_exact_where_q_underflows():
+    # the float32 case of the checker, in float64 by hand: p^2/q of the tiny symbol is e^-10 (times normalisers)
+    chi = get("chi_square_divergence").reference
+    zp, zq = torch.tensor([0.0, -60.0, 1.0]), torch.tensor([0.0, -110.0, 1.0])
+    p, q = torch.softmax(zp.double(), -1), torch.softmax(zq.double(), -1)
+    exact = float((p ** 2 / q).sum() - 1)                 # float64: q = e^-110 is representable
+    assert torch.softmax(zq, -1)[1] == 0                   # ... but not in float32
+    # finite and right to float32 precision: exp(x) - 1 at x = 1.2e-5 keeps about eps32 / x = 1% of its digits
+    assert math.isclose(float(chi(zp, zq)), exact, rel_tol=1e-2)
+    assert math.isclose(float(chi(zp.double(), zq.double())), exact, rel_tol=1e-9)
 
 
 def test_ess_matches_library():

@@ -70,6 +70,9 @@ class Exercise:
     atol: float = 1e-6
     rtol: float = 1e-5
     description: str = ""
+    #: how a function's outputs are obtained on a case, ``probe(fn, *args, **kwargs)``; None calls
+    #: ``fn(*args, **kwargs)``. A probe can compare more than the return value, e.g. a gradient.
+    probe: Callable | None = None
 
     def get_cases(self) -> list[Case]:
         cases = list(self.cases() if callable(self.cases) else self.cases)
@@ -109,12 +112,15 @@ def register(exercise: Exercise) -> Exercise:
 
 
 def exercise(chapter: int, cases: Sequence[Case] | Callable[[], Sequence[Case]], *, atol: float = 1e-6,
-             rtol: float = 1e-5, description: str = "") -> Callable[[Callable], Callable]:
+             rtol: float = 1e-5, description: str = "",
+             probe: Callable | None = None) -> Callable[[Callable], Callable]:
     """Decorator: register the decorated function as the reference solution of the exercise named
     after it, checked on ``cases`` (a list of :class:`Case`, or a function returning one) to
-    ``atol``/``rtol``. Returns the function unchanged."""
+    ``atol``/``rtol``. With ``probe``, every function (the student's, the reference, each mistake)
+    is run on a case as ``probe(fn, *args, **kwargs)`` and what the probe returns is compared, for
+    example a loss together with its gradient. Returns the function unchanged."""
     def decorate(reference: Callable) -> Callable:
-        register(Exercise(reference.__name__, chapter, reference, cases, [], atol, rtol, description))
+        register(Exercise(reference.__name__, chapter, reference, cases, [], atol, rtol, description, probe))
         return reference
     return decorate
 
@@ -285,14 +291,21 @@ def _describe_case(case: Case, i: int) -> str:
     return f"case {i + 1}" + (f" ({case.label})" if case.label else "")
 
 
-def _call(fn: Callable, case: Case):
-    """``fn`` on a fresh copy of the case's inputs."""
-    return fn(*_clone(case.args), **_clone(case.kwargs))
+def _run(fn: Callable, ex: Exercise | None, args: tuple, kwargs: dict):
+    """``fn`` on these inputs, through the exercise's probe if it has one."""
+    if ex is not None and ex.probe is not None:
+        return ex.probe(fn, *args, **kwargs)
+    return fn(*args, **kwargs)
+
+
+def _call(fn: Callable, case: Case, ex: Exercise | None = None):
+    """``fn`` on a fresh copy of the case's inputs (through ``ex``'s probe, if any)."""
+    return _run(fn, ex, _clone(case.args), _clone(case.kwargs))
 
 
 def _differs(fn_a: Callable, fn_b: Callable, case: Case, ex: Exercise) -> str | None:
     """How ``fn_a`` differs from ``fn_b`` on ``case`` (None if they agree)."""
-    return _compare(_call(fn_a, case), _call(fn_b, case), ex.atol, ex.rtol)
+    return _compare(_call(fn_a, case, ex), _call(fn_b, case, ex), ex.atol, ex.rtol)
 
 
 def _inputs_modified(before, after) -> list[str]:
@@ -334,10 +347,10 @@ def _first_failure(student_fn: Callable, ex: Exercise, cases: list[Case]) -> tup
     if problem is not None:
         return 0, problem
     for i, case in enumerate(cases):
-        expected = _call(ex.reference, case)
+        expected = _call(ex.reference, case, ex)
         args, kwargs = _clone(case.args), _clone(case.kwargs)
         try:
-            got = student_fn(*args, **kwargs)
+            got = _run(student_fn, ex, args, kwargs)
         except NotImplementedError:
             return i, f"{_describe_case(case, i)}: not implemented yet (the function raised NotImplementedError)"
         except Exception as err:  # report the student's exception, don't crash the notebook

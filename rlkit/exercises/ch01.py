@@ -10,7 +10,9 @@ wrong variants whose outputs :func:`rlkit.exercises.check` recognises ("likely c
 * ``reward_to_go(rewards, discounts)``: :math:`G_t = r_t + \gamma_t G_{t+1}`, :math:`G_T = 0`, with
   several episodes per row (``discounts[..., t] = gamma * (1 - terminated_t)``).
 * ``reinforce_loss(logits, actions, weights, mask)``: the surrogate loss whose gradient is minus the
-  REINFORCE estimate, :math:`L = -\frac1N \sum_{i,t} m_{i,t}\, w_{i,t} \log \pi(a_{i,t} \mid s_{i,t})`.
+  REINFORCE estimate, :math:`L = -\frac1N \sum_{i,t} m_{i,t}\, \mathrm{sg}[w_{i,t}] \log \pi(a_{i,t} \mid s_{i,t})`.
+  Its checker compares the loss *and its gradient with respect to the logits* (``_loss_probe``), on
+  weights that depend on the logits, so that weights which are not detached are caught.
 """
 from __future__ import annotations
 
@@ -194,8 +196,27 @@ def _logp(logits, actions, dim=-1):
 
 
 def _terms(logits, actions, weights, mask, dim=-1):
-    r"""The summands :math:`m_{i,t}\, w_{i,t} \log\pi(a_{i,t} \mid s_{i,t})` of the loss."""
-    return mask.to(logits.dtype) * weights * _logp(logits, actions, dim)
+    r"""The summands :math:`m_{i,t}\, \mathrm{sg}[w_{i,t}] \log\pi(a_{i,t} \mid s_{i,t})` of the loss."""
+    return mask.to(logits.dtype) * weights.detach() * _logp(logits, actions, dim)
+
+
+def _loss_probe(fn, logits, actions, weights, mask):
+    r"""Run a loss function on a case and return ``(loss, d loss / d logits)``.
+
+    The weights passed to ``fn`` have the case's values but depend on the logits, as advantages
+    from a critic that shares the policy's network would: ``w + c(z) - sg[c(z)]`` with
+    :math:`c(z) = \sum_a z_a \cos(a + 1)`. A loss that detaches its weights has the REINFORCE
+    gradient; one that does not also differentiates :math:`c`. A loss with no gradient at all
+    (everything detached) gets a gradient of NaN.
+    """
+    logits = logits.detach().clone().requires_grad_(True)
+    c = (logits * torch.cos(torch.arange(1, logits.shape[-1] + 1, dtype=logits.dtype))).sum(-1)
+    live = weights + c - c.detach()
+    loss = fn(logits, actions, live, mask)
+    if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
+        return loss, torch.full_like(logits, float("nan"))
+    (grad,) = torch.autograd.grad(loss, logits, allow_unused=True)
+    return loss.detach(), torch.zeros_like(logits) if grad is None else grad
 
 
 def _loss_cases():
@@ -220,8 +241,9 @@ def _loss_cases():
     ]
 
 
-@exercise(chapter=1, cases=_loss_cases, atol=1e-5,
-          description="The surrogate loss whose gradient is minus the REINFORCE estimate.")
+@exercise(chapter=1, cases=_loss_cases, atol=1e-5, probe=_loss_probe,
+          description="The surrogate loss whose gradient is minus the REINFORCE estimate "
+                      "(output 0: the loss; output 1: its gradient with respect to the logits).")
 def reinforce_loss(logits, actions, weights, mask):
     r""":math:`L = -\frac1N \sum_{i,t} m_{i,t} w_{i,t} \log\pi(a_{i,t}|s_{i,t})`; returns a 0-dim tensor."""
     sizes = V.layout("N T A", floating=True, logits=logits)
@@ -231,37 +253,63 @@ def reinforce_loss(logits, actions, weights, mask):
     return -(m * weights.detach() * _logp(logits, actions)).sum() / logits.shape[0]
 
 
-@mistake(reinforce_loss, "the sign is flipped: the optimiser MINIMISES the loss, so the loss must be "
-         "-sum w log pi; with +, gradient descent makes high-return actions less likely")
-def _loss_sign(logits, actions, weights, mask):
-    return -reinforce_loss(logits, actions, weights, mask)
+@mistake(reinforce_loss, "the weights are not detached: here they depend on the logits (as advantages "
+         "from a critic that shares the network would), so without weights.detach() the gradient also flows "
+         "through them and output 1 is not the REINFORCE estimate; the loss value (output 0) is the same")
+def _loss_weights_not_detached(logits, actions, weights, mask):
+    return -(mask.to(logits.dtype) * weights * _logp(logits, actions)).sum() / logits.shape[0]
 
 
-@mistake(reinforce_loss, "you divided by the number of real steps instead of the number of "
-         "trajectories N: the estimator sums over time and averages over trajectories")
-def _loss_step_mean(logits, actions, weights, mask):
-    return -_terms(logits, actions, weights, mask).sum() / mask.to(logits.dtype).sum()
+@mistake(reinforce_loss, "the loss carries no gradient: you detached the log-probabilities (or computed "
+         "them under torch.no_grad()); detach only the weights")
+def _loss_no_gradient(logits, actions, weights, mask):
+    return reinforce_loss(logits.detach(), actions, weights, mask)
 
 
-@mistake(reinforce_loss, "torch.mean over all N*T entries (padding included) divides by N*T, "
-         "not by N: sum over time, then average over trajectories")
-def _loss_plain_mean(logits, actions, weights, mask):
-    return -_terms(logits, actions, weights, mask).mean()
+# Value-level mistakes, each registered twice: with the weights detached, and (a second, common
+# slip on top) without. ``sg`` is the stop-gradient the variant applies to the weights.
+def _value_mistakes():
+    def sign(logits, actions, weights, mask, sg):
+        return (mask.to(logits.dtype) * sg(weights) * _logp(logits, actions)).sum() / logits.shape[0]
+
+    def step_mean(logits, actions, weights, mask, sg):
+        m = mask.to(logits.dtype)
+        return -(m * sg(weights) * _logp(logits, actions)).sum() / m.sum()
+
+    def plain_mean(logits, actions, weights, mask, sg):
+        return -(mask.to(logits.dtype) * sg(weights) * _logp(logits, actions)).mean()
+
+    def no_mask(logits, actions, weights, mask, sg):
+        return -(sg(weights) * _logp(logits, actions)).sum() / logits.shape[0]
+
+    def probability(logits, actions, weights, mask, sg):
+        return -(mask.to(logits.dtype) * sg(weights) * _logp(logits, actions).exp()).sum() / logits.shape[0]
+
+    def wrong_dim(logits, actions, weights, mask, sg):
+        return -(mask.to(logits.dtype) * sg(weights) * _logp(logits, actions, dim=1)).sum() / logits.shape[0]
+
+    return [
+        (sign, "the sign is flipped: the optimiser MINIMISES the loss, so the loss must be "
+               "-sum w log pi; with +, gradient descent makes high-return actions less likely"),
+        (step_mean, "you divided by the number of real steps instead of the number of "
+                    "trajectories N: the estimator sums over time and averages over trajectories"),
+        (plain_mean, "torch.mean over all N*T entries (padding included) divides by N*T, "
+                     "not by N: sum over time, then average over trajectories"),
+        (no_mask, "the mask is ignored: padded steps after the end of an episode contribute to the loss"),
+        (probability, "you weighted the probability pi(a|s), not its logarithm: the "
+                      "gradient of w * pi is w * pi * grad log pi, which is not the REINFORCE estimate"),
+        (wrong_dim, "log_softmax is taken over dim=1 (time) instead of the action dimension (dim=-1)"),
+    ]
 
 
-@mistake(reinforce_loss, "the mask is ignored: padded steps after the end of an episode "
-         "contribute to the loss")
-def _loss_no_mask(logits, actions, weights, mask):
-    return reinforce_loss(logits, actions, weights, torch.ones_like(weights))
+def _register_value_mistakes():
+    also = "; also, the weights are not detached (use weights.detach(): output 1 is the gradient)"
+    for body, cause in _value_mistakes():
+        for sg, suffix in ((torch.Tensor.detach, ""), (lambda w: w, also)):
+            def variant(logits, actions, weights, mask, _body=body, _sg=sg):
+                return _body(logits, actions, weights, mask, _sg)
+            variant.__name__ = f"_loss_{body.__name__}" + ("" if not suffix else "_not_detached")
+            mistake(reinforce_loss, cause + suffix)(variant)
 
 
-@mistake(reinforce_loss, "you weighted the probability pi(a|s), not its logarithm: the "
-         "gradient of w * pi is w * pi * grad log pi, which is not the REINFORCE estimate")
-def _loss_probability(logits, actions, weights, mask):
-    return -(mask.to(logits.dtype) * weights * _logp(logits, actions).exp()).sum() / logits.shape[0]
-
-
-@mistake(reinforce_loss, "log_softmax is taken over dim=1 (time) instead of the action "
-         "dimension (dim=-1)")
-def _loss_wrong_dim(logits, actions, weights, mask):
-    return -_terms(logits, actions, weights, mask, dim=1).sum() / logits.shape[0]
+_register_value_mistakes()

@@ -134,6 +134,10 @@ def _gae_cases():
         Case(args=(torch.tensor([1.0, 1.0, 1.0]), torch.tensor([0.5, 0.5, 0.5]),
                    torch.tensor([0.5, 0.5, 0.0]), torch.tensor([0.9, 0.9, 0.0]), 0.5),
              label="one terminating episode, lam=0.5"),
+        Case(args=(torch.tensor([1.0, 0.0, 2.0, 1.0, 0.0]), torch.tensor([0.5, 1.0, 0.2, 0.4, 0.6]),
+                   torch.tensor([1.0, 3.0, 0.4, 0.6, 2.0]), torch.tensor([0.9, 0.0, 0.9, 0.9, 0.9]), 0.5),
+             label="two episodes in one row: the first terminates at t=1 (discount 0), the second is cut "
+                   "by the end of the rollout and bootstraps from V=2"),
         Case(args=(torch.tensor([0.0, 0.0, 0.0, 1.0]), torch.tensor([0.2, 0.4, 0.6, 0.8]),
                    torch.tensor([0.4, 0.6, 0.8, 0.0]), torch.tensor([1.0, 1.0, 1.0, 0.0]), 0.95),
              label="gamma=1, one reward at the end (an LLM response), lam=0.95"),
@@ -165,6 +169,23 @@ def _gae_no_lambda(rewards, values, next_values, discounts, lam):
          "lambda_t A_{t+1}; without gamma_t the trace also runs across terminations")
 def _gae_no_gamma(rewards, values, next_values, discounts, lam):
     return reward_to_go(_td_errors(rewards, values, next_values, discounts), lam * torch.ones_like(rewards))
+
+
+@mistake(gae_advantages, "you used one constant gamma (the largest discount) instead of the per-step "
+         "discounts gamma_t = gamma (1 - terminated_t): at a termination gamma_t = 0 must drop the bootstrap "
+         "V(s_{t+1}) from delta_t and stop the trace, so use discounts[..., t] in both places")
+def _gae_constant_gamma(rewards, values, next_values, discounts, lam):
+    gamma = discounts.amax(dim=-1, keepdim=True).expand_as(discounts)
+    return gae_advantages(rewards, values, next_values, gamma, lam)
+
+
+@mistake(gae_advantages, "delta_t uses the per-step discount, but the recursion uses one constant gamma: "
+         "the trace runs across a termination into the next episode; the recursion needs "
+         "discounts[..., t] * lam, which is 0 at a terminal step")
+def _gae_constant_gamma_in_trace(rewards, values, next_values, discounts, lam):
+    gamma = discounts.amax(dim=-1, keepdim=True).expand_as(discounts)
+    lam = V.scalar_or_like(lam, "lam", rewards, "rewards")
+    return reward_to_go(_td_errors(rewards, values, next_values, discounts), gamma * lam)
 
 
 @mistake(gae_advantages, "you used discounts[..., t+1] in the recursion of step t: the "

@@ -83,6 +83,10 @@ def _chi_cases():
                    torch.randn(4, 6, generator=g, dtype=torch.float64)), label="[4, 6] random logits, float64"),
         Case(args=(torch.tensor([2.0, 1.0, 0.0]), torch.tensor([5.0, 4.0, 3.5])),
              label="unnormalised logits (shifted by a constant)"),
+        Case(args=(torch.tensor([[0.0, -60.0, 1.0], [1.0, -45.0, -50.0]]),
+                   torch.tensor([[0.0, -110.0, 1.0], [1.0, -100.0, -104.0]])),
+             label="float32, a symbol with q = e^-110 (below the smallest float32, so softmax gives 0) "
+                   "and p about e^-60: p^2/q is e^-10, small but not 0/0"),
     ]
 
 
@@ -94,6 +98,22 @@ def chi_square_divergence(logits_p, logits_q):
     lp = torch.log_softmax(logits_p, dim=-1)
     lq = torch.log_softmax(logits_q, dim=-1)
     return torch.exp(torch.logsumexp(2 * lp - lq, dim=-1)) - 1.0
+
+
+@mistake(chi_square_divergence, "you computed sum p^2/q - 1 from the probabilities: where q(x) underflows "
+         "to 0 (here q = e^-110 in float32) p^2/q is 0/0 = NaN; compute in log space, "
+         "exp(logsumexp(2 log p - log q)) - 1, which needs only the difference of the logs")
+def _chi_from_probabilities(logits_p, logits_q):
+    p, q = torch.softmax(logits_p, dim=-1), torch.softmax(logits_q, dim=-1)
+    return (p ** 2 / q).sum(-1) - 1.0
+
+
+@mistake(chi_square_divergence, "you computed E_p[p/q] - 1 from the probabilities: where q(x) underflows "
+         "to 0 (here q = e^-110 in float32) the ratio p/q is inf; compute in log space, "
+         "exp(logsumexp(2 log p - log q)) - 1")
+def _chi_ratio_from_probabilities(logits_p, logits_q):
+    p, q = torch.softmax(logits_p, dim=-1), torch.softmax(logits_q, dim=-1)
+    return (p * (p / q)).sum(-1) - 1.0
 
 
 @mistake(chi_square_divergence, "p and q are swapped: the variance of w = p/q under q is "
