@@ -2,7 +2,9 @@
 
 Run from the repository root:  python book/figures/make_part1_map.py
 Each box is one idea of Part I; each arrow is labelled with the problem that leads from one
-idea to the next.
+idea to the next. Box 1 shows the policy gradient with its factor gamma^t (chapter 1's
+eq-ch01-pg-rtg); the estimator without gamma^t has another mean unless gamma = 1 (chapter 2).
+The output is reproducible: no date in the metadata and a fixed hash salt for the SVG ids.
 """
 from pathlib import Path
 
@@ -13,7 +15,8 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
 BOXES = {
-    "pg": (0.16, 0.84, "1  Policy gradient\n$\\nabla J = \\mathbb{E}[\\sum_t \\nabla\\log\\pi\\,G_t]$\nREINFORCE"),
+    "pg": (0.16, 0.84, "1  Policy gradient\n"
+                       "$\\nabla J = \\mathbb{E}[\\sum_t \\gamma^t\\,\\nabla\\log\\pi\\,G_t]$\nREINFORCE"),
     "adv": (0.16, 0.50, "2  Baselines, advantages\n$A = Q - V$, GAE($\\lambda$)"),
     "is": (0.50, 0.84, "3  Importance sampling\n$\\rho = \\pi/\\mu$, Var $= \\chi^2$"),
     "kl": (0.84, 0.84, "4  KL trust regions\nTRPO, PPO-penalty, PPO-clip"),
@@ -38,6 +41,7 @@ OUT = Path(__file__).with_name("part1_map.svg")
 
 
 def main(out=OUT):
+    plt.rcParams["svg.hashsalt"] = "part1-map"
     fig, ax = plt.subplots(figsize=(9.5, 6.2))
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
@@ -68,7 +72,7 @@ def main(out=OUT):
             ax.text(mx + off[0], my + off[1], label, ha="center", va="center", fontsize=8.5,
                     style="italic", color="#7f1d1d")
     fig.tight_layout()
-    fig.savefig(out, format="svg", bbox_inches="tight")
+    fig.savefig(out, format="svg", bbox_inches="tight", metadata={"Date": None})
     print(f"wrote {out}")
 
 
