@@ -61,10 +61,10 @@ from .history import History
 
 __all__ = ["History", "TrainerConfig", "ReinforceConfig", "A2CConfig", "PPOConfig", "TRPOConfig", "StalePPOConfig",
            "train_reinforce", "train_a2c", "train_ppo", "train_trpo", "train_stale_ppo", "ppo_update",
-           "reuse_one_batch", "trpo_step"]
+           "reuse_one_batch", "trpo_step", "vtrace_advantages"]
 
 _LAZY = {"train_reinforce": ".reinforce", "train_a2c": ".a2c", "train_ppo": ".ppo", "train_trpo": ".trpo",
-         "train_stale_ppo": ".stale_ppo", "ppo_update": ".ppo", "reuse_one_batch": ".ppo", "trpo_step": ".trpo"}
+         "train_stale_ppo": ".stale_ppo", "vtrace_advantages": ".stale_ppo", "ppo_update": ".ppo", "reuse_one_batch": ".ppo", "trpo_step": ".trpo"}
 
 
 def __getattr__(name):  # lazy, so that importing one trainer does not import the others
