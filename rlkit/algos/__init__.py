@@ -64,7 +64,8 @@ __all__ = ["History", "TrainerConfig", "ReinforceConfig", "A2CConfig", "PPOConfi
            "reuse_one_batch", "trpo_step", "vtrace_advantages"]
 
 _LAZY = {"train_reinforce": ".reinforce", "train_a2c": ".a2c", "train_ppo": ".ppo", "train_trpo": ".trpo",
-         "train_stale_ppo": ".stale_ppo", "vtrace_advantages": ".stale_ppo", "ppo_update": ".ppo", "reuse_one_batch": ".ppo", "trpo_step": ".trpo"}
+         "train_stale_ppo": ".stale_ppo", "vtrace_advantages": ".stale_ppo", "ppo_update": ".ppo",
+         "reuse_one_batch": ".ppo", "trpo_step": ".trpo"}
 
 
 def __getattr__(name):  # lazy, so that importing one trainer does not import the others
