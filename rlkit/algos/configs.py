@@ -177,7 +177,7 @@ class StalePPOConfig(_EpochConfig):
 
     * ``advantages``: ``"gae"`` (GAE on the stale trajectory as observed, uncorrected) or
       ``"vtrace"`` (the current policy's advantage :math:`A^{\pi_k}` estimated off-policy by
-      :func:`rlkit.algos.stale_ppo.vtrace_advantages`, critic regressed on V-trace targets);
+      :func:`rlkit.algos.vtrace_advantages`, critic regressed on V-trace targets);
     * ``vtrace_clip``: V-trace's truncation :math:`\bar\rho = \bar c` (``> 0``; used by
       ``advantages="vtrace"`` only).
 

@@ -18,7 +18,7 @@ One update :math:`k` (read top to bottom in :func:`rlkit.algos.train_stale_ppo`)
 2. **Advantages.** With ``cfg.advantages="gae"`` (default): GAE with the learner's current critic
    (:func:`rlkit.returns.gae`) on the behaviour trajectory as observed: every later action was
    the old version's, and nothing corrects for it. With ``cfg.advantages="vtrace"``:
-   :func:`vtrace_advantages`, the advantage of the *current* policy :math:`\pi_k` estimated
+   :func:`rlkit.algos.vtrace_advantages`, the advantage of the *current* policy :math:`\pi_k` estimated
    off-policy from the stale trajectory with truncated importance weights
    :math:`\min(\bar c, \pi_k/\mu)` on the later actions, and V-trace targets for the critic
    (:func:`rlkit.offpolicy.vtrace`, target :math:`\pi_k`, behaviour the version that sampled).
