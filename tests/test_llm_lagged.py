@@ -1,0 +1,171 @@
+"""The lagged actor-critic learner of chapter 16 (rlkit/llm/lagged.py).
+
+offpolicy_targets is compared with slow per-token loops written from the equations and with the
+on-policy identities (V-trace and the uncorrected lambda-return coincide when pi = mu); the
+continuation estimate of V^pi is checked on prefixes whose value is known exactly (0 once a wrong
+digit is written); the learner runs a few steps with each target, with simulated lags and with the
+simulated ActorPool backend.
+"""
+import math
+
+import pytest
+import torch
+
+from rlkit.llm import ADDITION, RLConfig, load_pretrained, sample
+from rlkit.llm.evaluation import encode_prompts
+from rlkit.llm.lagged import PROBES, TARGETS, LaggedConfig, QHead, continuation_values, offpolicy_targets, train_lagged
+from rlkit.staleness import LagDistribution
+
+torch.set_num_threads(1)
+F64 = torch.float64
+
+
+def _batch(seed=0, B=4, T=5, scale=0.7):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([5, 3, 1, 4])[:B]
+    mask = (torch.arange(T)[None] < lengths[:, None]).to(F64)
+    lr = scale * torch.randn(B, T, generator=g, dtype=F64) * mask
+    r = torch.zeros(B, T, dtype=F64)
+    r[torch.arange(B), lengths - 1] = torch.rand(B, generator=g, dtype=F64)
+    v = torch.randn(B, T, generator=g, dtype=F64) * mask
+    q = torch.randn(B, T, generator=g, dtype=F64) * mask
+    not_last = torch.zeros_like(mask)
+    not_last[:, :-1] = mask[:, 1:]
+    nv = torch.cat([v[:, 1:], torch.zeros(B, 1, dtype=F64)], 1) * not_last
+    return lr, r, v, nv, 0.9 * not_last, q, mask
+
+
+def test_vtrace_targets_match_a_slow_loop():
+    lr, r, v, nv, d, _, mask = _batch()
+    lam, rb, cb = 0.8, 2.0, 1.0
+    q, vs, adv = offpolicy_targets("vtrace", lr, r, v, nv, d, lam=lam, clip_rho=rb, clip_c=cb)
+    B, T = r.shape
+    for b in range(B):
+        acc_next = 0.0
+        for t in reversed(range(T)):
+            rho = math.exp(lr[b, t])
+            delta = r[b, t] + d[b, t] * nv[b, t] - v[b, t]
+            want_q = r[b, t] + d[b, t] * (nv[b, t] + lam * acc_next)
+            acc = min(rb, rho) * delta + d[b, t] * lam * min(cb, rho) * acc_next
+            assert math.isclose(vs[b, t].item(), v[b, t].item() + acc.item(), abs_tol=1e-12)
+            assert math.isclose(q[b, t].item(), want_q.item(), abs_tol=1e-12)
+            assert math.isclose(adv[b, t].item(), want_q.item() - v[b, t].item(), abs_tol=1e-12)
+            acc_next = acc
+
+
+def test_retrace_targets_and_value_estimates_match_a_slow_loop():
+    lr, r, v, nv, d, qt, mask = _batch(1)
+    lam = 0.9
+    G, vh, adv = offpolicy_targets("retrace", lr, r, v, nv, d, q_taken=qt, lam=lam)
+    B, T = r.shape
+    for b in range(B):
+        g_next = None
+        for t in reversed(range(T)):
+            tail = 0.0 if t == T - 1 or g_next is None else \
+                lam * min(1.0, math.exp(lr[b, t + 1])) * (g_next - qt[b, t + 1].item())
+            want = r[b, t].item() + d[b, t].item() * (nv[b, t].item() + tail)
+            assert math.isclose(G[b, t].item(), want, abs_tol=1e-12)
+            c = min(1.0, math.exp(lr[b, t]))
+            assert math.isclose(vh[b, t].item(), v[b, t].item() + lam * c * (want - qt[b, t].item()), abs_tol=1e-12)
+            assert math.isclose(adv[b, t].item(), want - v[b, t].item(), abs_tol=1e-12)
+            g_next = want
+
+
+def test_on_policy_vtrace_is_the_uncorrected_lambda_return():
+    _, r, v, nv, d, _, mask = _batch(2)
+    zero = torch.zeros_like(r)
+    for lam in (1.0, 0.7):
+        none = offpolicy_targets("none", zero, r, v, nv, d, lam=lam)
+        vt = offpolicy_targets("vtrace", zero, r, v, nv, d, lam=lam, clip_rho=1.0, clip_c=1.0)
+        for a, b in zip(none, vt):
+            assert torch.allclose(a * mask, b * mask, atol=1e-12)
+
+
+def test_with_lambda_one_and_v_zero_the_uncorrected_target_is_the_return():
+    lr, r, v, nv, d, _, mask = _batch(3)
+    d = (d > 0).to(F64)
+    q, vv, adv = offpolicy_targets("none", lr, r, torch.zeros_like(v), torch.zeros_like(v), d, lam=1.0)
+    ret = torch.flip(torch.cumsum(torch.flip(r, [1]), 1), [1]) * mask
+    assert torch.allclose(vv * mask, ret, atol=1e-12) and torch.allclose(q * mask, ret, atol=1e-12)
+
+
+def test_value_targets_check_their_inputs():
+    lr, r, v, nv, d, qt, _ = _batch()
+    with pytest.raises(ValueError, match="target"):
+        offpolicy_targets("gae", lr, r, v, nv, d)
+    with pytest.raises(ValueError, match="q_taken"):
+        offpolicy_targets("retrace", lr, r, v, nv, d)
+    with pytest.raises(ValueError, match="q_taken"):
+        offpolicy_targets("vtrace", lr, r, v, nv, d, q_taken=qt)
+    with pytest.raises(ValueError, match="lam"):
+        offpolicy_targets("none", lr, r, v, nv, d, lam=1.5)
+    out = offpolicy_targets("vtrace", lr[:0], r[:0], v[:0], nv[:0], d[:0])      # an empty batch
+    assert all(x.shape == (0, 5) for x in out)
+    with pytest.raises(ValueError, match="critic='q'"):
+        LaggedConfig(target="retrace", critic="v")
+    assert set(PROBES) >= {"none", "vtrace(1)", "vtrace(2)", "retrace"} and TARGETS == ("none", "vtrace", "retrace")
+
+
+def test_continuation_values_are_zero_after_a_wrong_digit_and_probabilities_otherwise():
+    model, tok = load_pretrained()
+    probs = ADDITION.problems(12, seed=3)
+    ids, m = encode_prompts(probs, tok)
+    g = torch.Generator().manual_seed(0)
+    ro = sample(model, ids, m, max_new_tokens=ADDITION.max_new_tokens, eos_id=tok.eos_id, pad_id=tok.pad_id,
+                generator=g)
+    vals = continuation_values(model, tok, ADDITION, ro, probs, 8, torch.Generator().manual_seed(1))
+    assert vals.shape == ro.mask.shape
+    assert bool((vals[ro.mask == 0] == 0).all()) and bool(((vals >= 0) & (vals <= 1)).all())
+    checked = 0
+    for i, p in enumerate(probs):
+        text = tok.decode(ro.response_ids[i])
+        for t in range(int(ro.mask[i].sum())):
+            if not p.answer.startswith(text[:t]):            # a wrong digit is already written: V = 0 exactly
+                assert vals[i, t] == 0
+                checked += 1
+    assert checked > 0
+
+
+def test_qhead_starts_at_zero_and_has_one_output_per_token():
+    model, tok = load_pretrained()
+    q = QHead(model, tok.vocab_size)
+    out = q(torch.tensor([[3, 4, 5]]))
+    assert out.shape == (1, 3, tok.vocab_size) and bool((out == 0).all())
+
+
+@pytest.mark.parametrize("target,critic", [("none", "v"), ("vtrace", "q"), ("retrace", "q")])
+def test_train_lagged_runs_with_each_target(target, critic):
+    model, tok = load_pretrained()
+    cfg = RLConfig(algo="ppo", lam=1.0, steps=3, prompts_per_step=4, group_size=4, eval_every=3, eval_problems=16,
+                   seed=0)
+    lag = LaggedConfig(target=target, critic=critic, lag=LagDistribution.uniform(2), probe_every=2, probe_rows=4,
+                       probe_continuations=4)
+    res = train_lagged(model, tok, ADDITION, cfg, lag)
+    assert all(len(v) == 3 for v in res.history.values())
+    assert res.evals["step"] == [0, 3]
+    assert all(math.isfinite(x) for x in res.history["value_loss"])
+    assert res.history["mean_age"][0] == 0.0                      # version 0 is the only one at first
+    assert len(res.probes) == 2
+    names = set(res.probes[0]["estimates"])
+    assert ("retrace" in names) == (critic == "q") and "critic" in names
+    mse, n = res.target_errors("vtrace(1)")
+    assert n > 0 and math.isfinite(mse)
+    assert res.target_errors("none", ages=[99]) == (pytest.approx(math.nan, nan_ok=True), 0)
+
+
+def test_train_lagged_consumes_a_simulated_actor_pool():
+    from rlkit.distributed import ActorPool, GroupSampler, tiny_llm
+    model, tok = load_pretrained()
+    cfg = RLConfig(algo="ppo", lam=1.0, steps=4, prompts_per_step=3, group_size=4, minibatches=1, eval_every=4,
+                   eval_problems=16, seed=0)
+    with ActorPool(tiny_llm, GroupSampler("addition", group_size=4, prompts=1), n_actors=2, backend="simulated",
+                   seed=0, lags=2) as pool:
+        res = train_lagged(model, tok, ADDITION, cfg, LaggedConfig(target="vtrace"), pool=pool)
+        assert len(res.consumed) == 12 == pool.consumed
+        assert [c[4] for c in res.consumed] == pool.lags
+        assert pool.version == 4
+    ages = res.history["mean_age"]
+    assert ages[0] == 0.0 and ages[-1] == 2.0                      # lag 2 once two versions are held
+    with pytest.raises(ValueError, match="group"):
+        with ActorPool(tiny_llm, GroupSampler("addition", group_size=2, prompts=1), backend="simulated") as pool:
+            train_lagged(load_pretrained()[0], tok, ADDITION, cfg, LaggedConfig(), pool=pool)
