@@ -41,11 +41,56 @@ The pieces, top to bottom:
   evaluations in the returned :class:`RLResult`; :class:`ValueHead` is PPO's critic;
   :func:`policy_loss` is the per-algorithm policy loss that :func:`train` minimises. ``RLConfig`` is
   frozen and checked field by field when built; ``cfg.replace(steps=50)`` is a checked copy.
+* **Credit over tokens** (:mod:`rlkit.llm.credit`, chapter 14): per-token rewards
+  (:func:`terminal_rewards`, :func:`dense_rewards` with :func:`digit_rewards`,
+  :func:`kl_token_rewards`), critic targets (:func:`value_targets`) and GAE advantages
+  (:func:`token_advantages`) over responses, exact and Monte Carlo prefix values
+  (:func:`exact_match_values`, :func:`mc_prefix_values`), and :class:`HiddenValueHead`.
+* **Turns as steps** (:mod:`rlkit.llm.multiturn`, chapter 15): :class:`RetryTask` (answer, the
+  checker replies, retry up to :math:`K` turns), :func:`rollout_turns` (per-turn masks, rewards
+  and behaviour log-probs in one token row per conversation), per-turn returns and advantages
+  (:func:`turn_returns`, :func:`token_discounts`, :func:`turn_advantages`), the turn-level trainer
+  :func:`train_multiturn` and the format warm start :func:`retry_warm_start`.
 """
 from .checkpoint import CheckpointError, load_checkpoint, load_pretrained, save_checkpoint
+from .credit import (
+    VALUE_TARGETS,
+    HiddenValueHead,
+    dense_rewards,
+    exact_match_values,
+    first_wrong_token,
+    kl_token_rewards,
+    mc_prefix_values,
+    most_negative_token,
+    response_discounts,
+    response_mask,
+    state_values,
+    terminal_rewards,
+    token_advantages,
+    token_kl_exact,
+    value_targets,
+)
 from .evaluation import encode_prompts, evaluate
 from .gru import TinyGRULM
 from .model import GPT, GPTConfig, KVCache
+from .multiturn import (
+    RETRY_ADDITION,
+    MultiTurnConfig,
+    MultiTurnResult,
+    MultiTurnRollout,
+    RetryTask,
+    episode_layout,
+    multiturn_metrics,
+    retry_corpus,
+    retry_warm_start,
+    rollout_turns,
+    token_discounts,
+    train_multiturn,
+    turn_advantages,
+    turn_logprobs,
+    turn_returns,
+    well_formed,
+)
 from .rl import ALGOS, RLConfig, RLResult, ValueHead, collect, policy_loss, sequence_advantages, steps_to_reach, train
 from .sampling import Rollout, call_model, sample, sampling_logprobs, token_logprobs
 from .tasks import (
@@ -55,6 +100,7 @@ from .tasks import (
     Problem,
     Task,
     contains_answer,
+    digit_rewards,
     exact_match,
     forgot_carry_answer,
     get_task,
@@ -73,4 +119,10 @@ __all__ = [
     "load_pretrained", "load_checkpoint", "save_checkpoint", "CheckpointError",
     "ALGOS", "RLConfig", "RLResult", "ValueHead", "train", "collect", "sequence_advantages", "policy_loss",
     "steps_to_reach",
+    "digit_rewards", "VALUE_TARGETS", "response_mask", "terminal_rewards", "dense_rewards", "kl_token_rewards",
+    "response_discounts", "value_targets", "token_advantages", "state_values", "first_wrong_token",
+    "most_negative_token", "exact_match_values", "mc_prefix_values", "token_kl_exact", "HiddenValueHead",
+    "RetryTask", "RETRY_ADDITION", "MultiTurnRollout", "rollout_turns", "episode_layout", "turn_logprobs",
+    "turn_returns", "token_discounts", "turn_advantages", "well_formed", "multiturn_metrics", "MultiTurnConfig",
+    "MultiTurnResult", "train_multiturn", "retry_warm_start", "retry_corpus",
 ]

@@ -201,17 +201,23 @@ class GPT(nn.Module):
         return KVCache(self.config, batch, max_len, p.device, p.dtype)
 
     def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                cache: KVCache | None = None) -> torch.Tensor:
+                cache: KVCache | None = None, return_hidden: bool = False):
         """Logits of the next token at every position.
 
         Args:
             ids: ``[B, T]`` int64 token ids in ``[0, vocab_size)``, LEFT-padded when rows differ in length.
             attention_mask: ``[B, T]`` bool, True at real tokens; None means no padding.
             cache: a :class:`KVCache` from :meth:`new_cache`; its keys and values are extended.
+            return_hidden: also return the final hidden states :math:`h_t` (after the last layer
+                norm, ``[B, T, n_embd]``), which the logits are a linear function of
+                (``logits = h @ wte.weight.T``); value heads on :math:`h_t` use them
+                (Chapter: 14_credit_over_tokens).
 
         Returns:
             ``[B, T, vocab_size]`` logits; ``B = 0`` or ``T = 0`` give an empty tensor of that shape.
+            With ``return_hidden=True`` the pair ``(logits, hidden)``.
         """
+        V.instance_of(return_hidden, "return_hidden", bool)
         V.index_tensor(ids, "ids", dim=2, n=self.config.vocab_size)
         B, T = ids.shape
         past = 0 if cache is None else V.instance_of(cache, "cache", KVCache).length
@@ -255,4 +261,6 @@ class GPT(nn.Module):
             cache.length = past + T
             cache.next_pos = start + real.long().sum(1)
             cache.has_padding = cache.has_padding or padded
-        return self.lm_head(self.ln_f(x))
+        hidden = self.ln_f(x)
+        logits = self.lm_head(hidden)
+        return (logits, hidden) if return_hidden else logits

@@ -88,6 +88,7 @@ from ..objectives import (
 )
 from ..returns import gae
 from ..utils import clip_grad
+from .credit import VALUE_TARGETS, dense_rewards, value_targets
 from .evaluation import encode_prompts, evaluate
 from .sampling import Rollout, call_model, sample, token_logprobs
 from .tasks import Problem, Task
@@ -120,6 +121,17 @@ class RLConfig(V.ValidatedConfig):
     ``value_lr``, ``temperature``, ``clip_eps_high``, ``grad_clip``: ``> 0``; ``clip_eps`` in
     ``(0, 1)``; ``top_p`` in ``(0, 1]``; ``kl_coef``, ``value_coef`` ``>= 0``; ``gamma``, ``lam`` in
     ``[0, 1]``; ``seed >= 0``. ``grad_clip=None`` turns gradient clipping off.
+
+    Chapter 14 adds (all off by default, which is the behaviour of chapter 7):
+    ``token_rewards=True`` takes the rewards per token from the task's token checker of the same
+    name as ``checker`` (``task.token_checkers[checker]``, e.g.
+    :func:`~rlkit.llm.tasks.digit_rewards`): PPO puts each token's reward on that token instead of
+    one reward on the last token, and the sequence-level algorithms use their sum as the response's
+    reward. ``value_target`` (one of ``"gae"``, ``"nstep"``, ``"mc"``, ``"lambda"``) is the target
+    the PPO critic regresses on (:func:`rlkit.llm.value_targets`): ``"gae"`` = GAE's returns with
+    ``lam`` (the default), ``"nstep"`` with ``value_nstep`` (int ``>= 1``), ``"lambda"`` with
+    ``value_lam`` (in ``[0, 1]``; None means ``lam``), ``"mc"`` the reward to go. The policy's
+    advantages are always GAE with ``gamma`` and ``lam``.
     """
 
     algo: str = V.choice_field("grpo", ALGOS)
@@ -148,6 +160,11 @@ class RLConfig(V.ValidatedConfig):
     lam: float = V.number_field(0.95, 0.0, 1.0)
     value_lr: float | None = V.number_field(None, 0.0, lo_open=True, optional=True)   # defaults to lr
     value_coef: float = V.number_field(1.0, 0.0)
+    # chapter 14: dense per-token rewards and the critic's target
+    token_rewards: bool = V.bool_field(False)     # rewards from task.token_checkers[checker], per token
+    value_target: str = V.choice_field("gae", VALUE_TARGETS)
+    value_nstep: int = V.int_field(1)             # n of value_target="nstep" (1 = TD(0))
+    value_lam: float | None = V.number_field(None, 0.0, 1.0, optional=True)  # lambda of "lambda"; default lam
     # housekeeping
     grad_clip: float | None = V.number_field(1.0, 0.0, lo_open=True, optional=True)
     eval_every: int = V.int_field(5)
@@ -378,6 +395,9 @@ def _train_args(tok, task, cfg) -> RLConfig:
     cfg = cfg.resolved()
     if cfg.checker not in task.checkers:
         raise ValueError(f"RLConfig.checker {cfg.checker!r} is not one of the task's checkers {list(task.checkers)}")
+    if cfg.token_rewards and cfg.checker not in task.token_checkers:
+        raise ValueError(f"RLConfig.token_rewards=True needs a token checker named {cfg.checker!r} (RLConfig.checker) "
+                         f"in task {task.name!r}, whose token checkers are {list(task.token_checkers)}")
     return cfg
 
 
@@ -461,11 +481,15 @@ def train(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig | None
                                  temperature=cfg.temperature)
             kl_tok = _kl_estimate(cfg.kl_estimator, old, ref) * mask    # per-token k_t
             rewards = batch.rewards.to(dev)
+            dense = (dense_rewards(task, tok, ro.response_ids, mask, batch.problems, cfg.checker).to(dev)
+                     if cfg.token_rewards else None)
             # --- advantages -------------------------------------------------------------
             if cfg.algo == "ppo":
                 tok_rewards = torch.zeros_like(mask)
                 last = (mask.sum(-1).long() - 1).clamp_min(0)
                 tok_rewards[torch.arange(N, device=dev), last] = rewards
+                if dense is not None:
+                    tok_rewards = dense
                 if cfg.kl_coef > 0 and cfg.kl_in == "reward":
                     tok_rewards = tok_rewards - cfg.kl_coef * kl_tok
                 values = _critic_values(critic, ro) * mask
@@ -474,9 +498,13 @@ def train(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig | None
                 not_last[:, :-1] = mask[:, 1:]                        # 1 where another token follows
                 discounts = cfg.gamma * not_last
                 adv_tok, returns = gae(tok_rewards, values, next_values, discounts, cfg.lam)
+                if cfg.value_target != "gae":
+                    returns = value_targets(tok_rewards, values, mask, cfg.value_target, gamma=cfg.gamma,
+                                            lam=cfg.lam if cfg.value_lam is None else cfg.value_lam,
+                                            n=cfg.value_nstep)
                 adv_tok = normalize_advantages(adv_tok, mask)
             else:
-                seq_r = rewards
+                seq_r = rewards if dense is None else dense.sum(-1)
                 if cfg.kl_coef > 0 and cfg.kl_in == "reward":
                     seq_r = seq_r - cfg.kl_coef * kl_tok.sum(-1)
                 adv = sequence_advantages(seq_r, cfg.algo, G)

@@ -43,7 +43,7 @@ from .. import _validate as V
 __all__ = [
     "Problem", "Task", "exact_match", "prefix_match", "contains_answer", "numeric_close",
     "addition_problem", "multiplication_problem", "has_carry", "forgot_carry_answer",
-    "ADDITION", "MULTIPLICATION", "TASKS", "get_task",
+    "ADDITION", "MULTIPLICATION", "TASKS", "get_task", "digit_rewards",
 ]
 
 
@@ -57,6 +57,9 @@ class Problem:
 
 
 Checker = Callable[[str, Problem], float]
+#: A dense checker: ``fn(tokens, problem) -> rewards``, ``tokens`` a string with ONE character per
+#: response token (``"\n"`` for ``<eos>``), ``rewards`` one float per token (chapter 14).
+TokenChecker = Callable[[str, Problem], Sequence[float]]
 
 
 # ------------------------------------------------------------------------------------ checkers
@@ -79,6 +82,35 @@ def prefix_match(response: str, problem: Problem) -> float:
 def contains_answer(response: str, problem: Problem) -> float:
     """SLOPPY: 1.0 if the answer appears anywhere in the response ("72 82" passes for 82)."""
     return float(problem.answer in response)
+
+
+def digit_rewards(tokens: str, problem: Problem) -> list[float]:
+    r"""DENSE: credit for each answer digit at the token that emits it (a token checker).
+
+    With the target :math:`a = (a_0, \dots, a_{T^\star-1})` = the answer's digits followed by ``<eos>``
+    (written ``"\n"``), token :math:`t` of the response earns
+
+    .. math::  r_t = \frac{1}{T^\star}\,\mathbf 1[y_t = a_t] \quad (t < T^\star), \qquad r_t = 0 \quad (t \ge T^\star),
+
+    so a response earns :math:`\sum_t r_t = 1` exactly when it is the answer followed by ``<eos>``,
+    which is when :func:`exact_match` gives 1: the dense and the sparse reward have the same
+    maximisers (and the same maximum, 1). For "37+45=" (answer "82") the buggy "72" + ``<eos>``
+    earns 0 at the "7" and 1/3 at each of "2" and ``<eos>``.
+
+    Args:
+        tokens: the response, one character per token, ``"
+"`` for ``<eos>`` (any other character,
+            e.g. one standing for padding, just earns 0).
+        problem: the :class:`Problem`.
+
+    Returns:
+        a list of ``len(tokens)`` floats. Chapter: 14_credit_over_tokens.
+    """
+    V.instance_of(tokens, "tokens", str)
+    V.instance_of(problem, "problem", Problem)
+    target = problem.answer + "\n"
+    L = len(target)
+    return [float(t < L and c == target[t]) / L for t, c in enumerate(tokens)]
 
 
 def numeric_close(tolerance: float) -> Checker:
@@ -106,12 +138,15 @@ class Task:
         max_new_tokens: the response budget, ``<eos>`` included.
         heldout_fraction: share of prompts reserved for evaluation (by a hash of the prompt).
         checkers: other named rewards (sloppy proxies), usable with ``score(..., checker=name)``.
+        token_checkers: dense per-token versions of checkers, by the same names
+            (``fn(tokens, problem) -> one float per token``, see :func:`digit_rewards`); PPO uses
+            ``token_checkers[cfg.checker]`` with ``RLConfig(token_rewards=True)`` (chapter 14).
     """
 
     def __init__(self, name: str, generate: Callable[[random.Random], Problem | tuple],
                  check: Checker = exact_match, max_new_tokens: int = 6,
                  heldout_fraction: float = 0.1, checkers: dict[str, Checker] | None = None,
-                 description: str = ""):
+                 description: str = "", token_checkers: dict[str, TokenChecker] | None = None):
         self.name = V.nonempty_str(name, "name")
         self._generate = V.is_callable(generate, "generate")
         self.check = V.is_callable(check, "check")
@@ -122,6 +157,10 @@ class Task:
             V.is_callable(fn, f"checkers[{k!r}]")
         self.checkers = {"exact": check, **(checkers or {})}
         self.description = V.instance_of(description, "description", str)
+        for k, fn in V.instance_of({} if token_checkers is None else token_checkers, "token_checkers", dict).items():
+            V.nonempty_str(k, "a key of token_checkers")
+            V.is_callable(fn, f"token_checkers[{k!r}]")
+        self.token_checkers = dict(token_checkers or {})
 
     def __repr__(self) -> str:
         return f"Task({self.name!r}, checkers={list(self.checkers)}, max_new_tokens={self.max_new_tokens})"
@@ -193,7 +232,8 @@ def multiplication_problem(rng: random.Random) -> Problem:
 
 #: Two-digit addition (the task the tiny GPT is fine-tuned on in Part I).
 ADDITION = Task("addition", addition_problem, exact_match, max_new_tokens=5,
-                description="two-digit addition; the corpus forgets most carries")
+                description="two-digit addition; the corpus forgets most carries",
+                token_checkers={"exact": digit_rewards})
 #: One-by-two-digit multiplication, the harder task (its corpus is truncated, chapter 7).
 MULTIPLICATION = Task("multiplication", multiplication_problem, exact_match, max_new_tokens=6,
                       checkers={"prefix": prefix_match, "contains": contains_answer},
