@@ -8,18 +8,18 @@ transition (append the token) is deterministic. Response tensors are ``[N, T]`` 
 ``mask[i, t] = 1`` for the :math:`T_i` real tokens of row ``i``, which come first. Everything here
 puts the book's return machinery (:mod:`rlkit.returns`) on such tensors:
 
-* rewards per token: :func:`terminal_rewards` (the checker's score on the last token),
-  :func:`dense_rewards` (a task's token checker, e.g. :func:`~rlkit.llm.tasks.digit_rewards`) and
-  :func:`kl_token_rewards` (the KL-regularised reward
+* rewards per token: :func:`~rlkit.llm.terminal_rewards` (the checker's score on the last token),
+  :func:`~rlkit.llm.dense_rewards` (a task's token checker, e.g. :func:`~rlkit.llm.digit_rewards`) and
+  :func:`~rlkit.llm.kl_token_rewards` (the KL-regularised reward
   :math:`r_t = -\beta(\log\pi_\theta - \log\pi_{\text{ref}})(y_t)` plus the task reward at the end);
-* :func:`response_discounts`: :math:`\gamma_t = \gamma` while another token follows, 0 at the last
+* :func:`~rlkit.llm.response_discounts`: :math:`\gamma_t = \gamma` while another token follows, 0 at the last
   (the response ends the episode: nothing is bootstrapped after ``<eos>``);
-* :func:`value_targets` for a critic (``"nstep"``, ``"lambda"``, ``"mc"``, ``"gae"``) and
-  :func:`token_advantages` (GAE);
-* the analysis of chapter 14: :func:`first_wrong_token`, :func:`most_negative_token`,
-  :func:`exact_match_values` (the exact :math:`V^\pi(h_t)` of the exact-match reward),
-  :func:`mc_prefix_values` (the same by sampled continuations, for any checker),
-  :func:`token_kl_exact`, and :class:`HiddenValueHead` (a critic on the LM's hidden states).
+* :func:`~rlkit.llm.value_targets` for a critic (``"nstep"``, ``"lambda"``, ``"mc"``, ``"gae"``) and
+  :func:`~rlkit.llm.token_advantages` (GAE);
+* the analysis of chapter 14: :func:`~rlkit.llm.first_wrong_token`, :func:`~rlkit.llm.most_negative_token`,
+  :func:`~rlkit.llm.exact_match_values` (the exact :math:`V^\pi(h_t)` of the exact-match reward),
+  :func:`~rlkit.llm.mc_prefix_values` (the same by sampled continuations, for any checker),
+  :func:`~rlkit.llm.token_kl_exact`, and :class:`HiddenValueHead` (a critic on the LM's hidden states).
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ __all__ = ["VALUE_TARGETS", "response_mask", "terminal_rewards", "dense_rewards"
            "response_discounts", "value_targets", "token_advantages", "state_values", "first_wrong_token",
            "most_negative_token", "exact_match_values", "mc_prefix_values", "token_kl_exact", "HiddenValueHead"]
 
-#: The critic targets :func:`value_targets` (and ``RLConfig.value_target``) know.
+#: The critic targets :func:`~rlkit.llm.value_targets` (and ``RLConfig.value_target``) know.
 VALUE_TARGETS = ("gae", "nstep", "mc", "lambda")
 
 Tensor = torch.Tensor
@@ -109,7 +109,7 @@ def dense_rewards(task: Task, tok: CharTokenizer, response_ids: Tensor, mask, pr
     Row ``i``'s real tokens are passed to the checker as a string with one character per token
     (``"\n"`` for ``<eos>``); its ``L_i`` floats fill ``r[i, :L_i]``, padding gets 0. For
     :data:`~rlkit.llm.tasks.ADDITION` the ``"exact"`` token checker is
-    :func:`~rlkit.llm.tasks.digit_rewards`, whose per-response sum is exact match.
+    :func:`~rlkit.llm.digit_rewards`, whose per-response sum is exact match.
 
     Args:
         task: a :class:`~rlkit.llm.tasks.Task` with ``token_checkers``.
@@ -225,7 +225,7 @@ def value_targets(rewards: Tensor, values: Tensor, mask, kind: str = "gae", *, g
         rewards, values: ``[N, T]`` float tensors (``values[:, t]`` = :math:`V(h_t)`); padding may
             hold anything.
         mask: ``[N, T]`` prefix mask of real tokens.
-        kind: one of :data:`VALUE_TARGETS`.
+        kind: one of :data:`~rlkit.llm.credit.VALUE_TARGETS`.
         gamma: in ``[0, 1]``; lam: in ``[0, 1]`` (``"lambda"``, ``"gae"``); n: int ``>= 1`` (``"nstep"``).
 
     Returns:

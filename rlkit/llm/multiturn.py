@@ -3,7 +3,7 @@ r"""Turns as steps: a multi-turn retry task, a multi-turn rollout, per-turn retu
 Chapter: 15_turns_as_steps.
 
 **The task.** :class:`RetryTask` wraps a single-turn :class:`~rlkit.llm.Task` (by default
-:data:`~rlkit.llm.ADDITION`). The model answers; if the answer is wrong the checker replies with a
+:data:`~rlkit.llm.tasks.ADDITION`). The model answers; if the answer is wrong the checker replies with a
 feedback string (default ``"x"``) appended to the conversation, and the model answers again, up to
 ``max_turns`` :math:`U` turns. The episode ends at the first correct answer or after :math:`U`
 turns. A conversation is one token sequence::
@@ -19,17 +19,17 @@ and the feedback are the environment's. Turn :math:`u` (0-based in the code) ear
 
 .. math::  G_u = \sum_{j=u}^{N-1} \gamma^{\,j-u} r_j = r_u + \gamma\,G_{u+1}, \qquad G_N = 0,
 
-with :math:`N \le U` the number of turns taken (:func:`turn_returns`). The same numbers come
+with :math:`N \le U` the number of turns taken (:func:`~rlkit.llm.turn_returns`). The same numbers come
 from rlkit's token-level :func:`~rlkit.returns.discounted_returns` when the per-step discount is
-:math:`\gamma` at a turn's last token and 1 inside a turn (:func:`token_discounts`).
+:math:`\gamma` at a turn's last token and 1 inside a turn (:func:`~rlkit.llm.token_discounts`).
 
-**The trainer.** :func:`train_multiturn` is a turn-level policy gradient with a group baseline:
+**The trainer.** :func:`~rlkit.llm.train_multiturn` is a turn-level policy gradient with a group baseline:
 ``group_size`` conversations per prompt, and for each turn index :math:`u` the advantage
-:math:`\hat A_{i,u} = G_{i,u} - b_{i,u}` (:func:`turn_advantages`) is applied to every token of
+:math:`\hat A_{i,u} = G_{i,u} - b_{i,u}` (:func:`~rlkit.llm.turn_advantages`) is applied to every token of
 turn :math:`u` of conversation :math:`i` (:func:`rlkit.objectives.policy_gradient_loss`).
 
 **The warm start.** The shipped model reads only ``a+b=`` at positions 0..5 (its position
-embeddings beyond the first line were never trained), so :func:`retry_warm_start` fine-tunes it
+embeddings beyond the first line were never trained), so :func:`~rlkit.llm.retry_warm_start` fine-tunes it
 briefly on conversations written the way the pretraining corpus writes answers: every attempt is
 drawn independently from the corpus distribution (the carry forgotten in 80% of carry problems),
 so the warm start teaches the *format* and keeps the bug at every turn; it does not teach the
@@ -660,7 +660,9 @@ def retry_warm_start(model, tok: CharTokenizer, task: RetryTask = RETRY_ADDITION
             :func:`retry_corpus`. n_conversations: corpus size.
 
     Returns:
-        the loss of every step. Chapter: 15_turns_as_steps.
+        list of float: the loss of every step.
+
+    Chapter: 15_turns_as_steps.
     """
     V.instance_of(tok, "tok", CharTokenizer)
     V.positive_int(steps, "steps")

@@ -125,7 +125,7 @@ class RLConfig(V.ValidatedConfig):
     Chapter 14 adds (all off by default, which is the behaviour of chapter 7):
     ``token_rewards=True`` takes the rewards per token from the task's token checker of the same
     name as ``checker`` (``task.token_checkers[checker]``, e.g.
-    :func:`~rlkit.llm.tasks.digit_rewards`): PPO puts each token's reward on that token instead of
+    :func:`~rlkit.llm.digit_rewards`): PPO puts each token's reward on that token instead of
     one reward on the last token, and the sequence-level algorithms use their sum as the response's
     reward. ``value_target`` (one of ``"gae"``, ``"nstep"``, ``"mc"``, ``"lambda"``) is the target
     the PPO critic regresses on (:func:`rlkit.llm.value_targets`): ``"gae"`` = GAE's returns with

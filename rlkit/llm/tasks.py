@@ -98,8 +98,7 @@ def digit_rewards(tokens: str, problem: Problem) -> list[float]:
     earns 0 at the "7" and 1/3 at each of "2" and ``<eos>``.
 
     Args:
-        tokens: the response, one character per token, ``"
-"`` for ``<eos>`` (any other character,
+        tokens: the response, one character per token, ``"\n"`` for ``<eos>`` (any other character,
             e.g. one standing for padding, just earns 0).
         problem: the :class:`Problem`.
 
