@@ -68,6 +68,7 @@ from ..utils import clip_grad
 from .evaluation import evaluate
 from .rl import RLConfig, ValueHead, _train_args, collect
 from .sampling import Rollout, call_model, sample
+from .stale import _cat
 from .tasks import Problem, Task
 from .tokenizer import CharTokenizer
 
@@ -302,21 +303,6 @@ def continuation_values(model, tok: CharTokenizer, task: Task, rollout: Rollout,
         r = task.score([heads[j // n] + s for j, s in enumerate(tails)], probs, checker).view(len(rows), n)
         out[rows, t] = r.mean(-1)
     return out * rollout.mask.cpu().float()
-
-
-def _cat(parts: Sequence[Rollout]) -> Rollout:
-    P = max(p.prompt_ids.shape[1] for p in parts)
-
-    def left(x, value):
-        return torch.nn.functional.pad(x, (P - x.shape[1], 0), value=value)
-
-    return Rollout(prompt_ids=torch.cat([left(p.prompt_ids, 0) for p in parts]),
-                   prompt_mask=torch.cat([left(p.prompt_mask, False) for p in parts]),
-                   response_ids=torch.cat([p.response_ids for p in parts]),
-                   mask=torch.cat([p.mask for p in parts]),
-                   logprobs=torch.cat([p.logprobs for p in parts]),
-                   model_logprobs=torch.cat([p.model_logprobs for p in parts]),
-                   finished=torch.cat([p.finished for p in parts]))
 
 
 def _positions(net, ro: Rollout, rows=None) -> torch.Tensor:
