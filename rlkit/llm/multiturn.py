@@ -49,6 +49,7 @@ from .. import _validate as V
 from ..objectives import AGGREGATIONS, aggregate
 from ..returns import discounted_returns
 from ..utils import clip_grad
+from .evaluation import _device_of
 from .sampling import call_model, sample
 from .tasks import ADDITION, Problem, Task, forgot_carry_answer
 from .tokenizer import CharTokenizer
@@ -195,13 +196,6 @@ def episode_layout(segments: Sequence[tuple[Sequence[int], int]], pad_id: int = 
     out = {"ids": ids, "attention_mask": att, "action_mask": (turn >= 0).float(), "turn_index": turn,
            "turn_end": end}
     return {k: v.to(device) for k, v in out.items()} if device is not None else out
-
-
-def _device_of(model) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except (StopIteration, AttributeError):
-        return torch.device("cpu")
 
 
 @torch.no_grad()
