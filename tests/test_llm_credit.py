@@ -314,7 +314,7 @@ def test_default_ppo_is_unchanged_by_value_target_lambda_at_lam(tiny):
     """value_target="lambda" with value_lam = lam is GAE's target: the same run, number for number."""
     model, tok = tiny
     ev = ADDITION.problems(8, seed=0, split="test")
-    base = RLConfig(algo="ppo", steps=2, prompts_per_step=4, group_size=2, eval_every=2, seed=1)
+    base = RLConfig(algo="ppo", steps=2, prompts_per_step=4, group_size=2, eval_every=2, seed=1, log_kl=True)
     a = train(copy.deepcopy(model), tok, ADDITION, base, eval_problems=ev)
     b = train(copy.deepcopy(model), tok, ADDITION, base.replace(value_target="lambda", value_lam=base.lam),
               eval_problems=ev)

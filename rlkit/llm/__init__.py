@@ -92,7 +92,15 @@ from .multiturn import (
     well_formed,
 )
 from .rl import ALGOS, RLConfig, RLResult, ValueHead, collect, policy_loss, sequence_advantages, steps_to_reach, train
-from .sampling import Rollout, call_model, sample, sampling_logprobs, token_logprobs
+from .sampling import (
+    LogitsProcessor,
+    Rollout,
+    apply_logits_processor,
+    call_model,
+    sample,
+    sampling_logprobs,
+    token_logprobs,
+)
 from .tasks import (
     ADDITION,
     MULTIPLICATION,
@@ -112,7 +120,8 @@ from .tokenizer import CharTokenizer
 
 __all__ = [
     "GPT", "GPTConfig", "KVCache", "TinyGRULM", "CharTokenizer",
-    "Rollout", "sample", "sampling_logprobs", "token_logprobs", "call_model",
+    "Rollout", "sample", "sampling_logprobs", "token_logprobs", "call_model", "LogitsProcessor",
+    "apply_logits_processor",
     "Task", "Problem", "ADDITION", "MULTIPLICATION", "TASKS", "get_task",
     "exact_match", "prefix_match", "contains_answer", "numeric_close", "has_carry", "forgot_carry_answer",
     "evaluate", "encode_prompts",

@@ -33,13 +33,15 @@ def _device_of(model) -> torch.device:
 @torch.no_grad()
 def evaluate(model, tok: CharTokenizer, task: Task, problems: Sequence[Problem], *, greedy: bool = True,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-             checker="exact", batch_size: int = 1024, generator: torch.Generator | None = None) -> dict:
+             checker="exact", batch_size: int = 1024, generator: torch.Generator | None = None,
+             logits_processor=None) -> dict:
     r"""Answer every problem once and score it: accuracy :math:`= \frac{1}{n}\sum_i r_i`.
 
     Args:
         model: follows the protocol of :mod:`rlkit.llm.model`; tok: its :class:`CharTokenizer`.
         task: the :class:`Task` (its ``max_new_tokens`` and checkers); problems: a non-empty list.
-        greedy, temperature, top_k, top_p, generator: as in :func:`rlkit.llm.sample`; with
+        greedy, temperature, top_k, top_p, generator, logits_processor: as in
+            :func:`rlkit.llm.sample`; with
             ``greedy=False`` responses are sampled (pass a seeded ``generator`` for reproducibility).
         checker: a checker name of ``task`` or a callable. batch_size: prompts per call, >= 1.
 
@@ -61,7 +63,8 @@ def evaluate(model, tok: CharTokenizer, task: Task, problems: Sequence[Problem],
         for i in range(0, len(problems), batch_size):
             ids, mask = encode_prompts(problems[i:i + batch_size], tok, dev)
             ro = sample(model, ids, mask, max_new_tokens=task.max_new_tokens, eos_id=tok.eos_id, pad_id=tok.pad_id,
-                        greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+                        greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator,
+                        logits_processor=logits_processor)
             responses += tok.decode_batch(ro.response_ids.cpu())
     finally:
         if was_training:

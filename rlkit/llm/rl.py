@@ -56,7 +56,8 @@ so it needs nothing more from the model either.
 
 Logged per step (``RLResult.history[key]``, one entry per step, NaN where not measured):
 ``reward`` (the checker's reward), ``accuracy`` (exact-match of the sampled responses),
-``kl`` (k3 estimate of KL(pi || pi_ref) per token), ``entropy`` (per token), ``clip_fraction``,
+``kl`` (k3 estimate of KL(pi || pi_ref) per token; NaN when the reference is not run, see
+``RLConfig.log_kl``), ``entropy`` (per token), ``clip_fraction``,
 ``zero_var_share`` (groups whose rewards are all equal: no gradient from them),
 ``response_length``, ``loss``, ``grad_norm``, ``train_seconds`` (cumulative, evaluation excluded).
 Every ``eval_every`` updates (and before the first, and after the last) ``RLResult.evals`` records
@@ -132,6 +133,11 @@ class RLConfig(V.ValidatedConfig):
     ``lam`` (the default), ``"nstep"`` with ``value_nstep`` (int ``>= 1``), ``"lambda"`` with
     ``value_lam`` (in ``[0, 1]``; None means ``lam``), ``"mc"`` the reward to go. The policy's
     advantages are always GAE with ``gamma`` and ``lam``.
+
+    ``log_kl``: whether to run the reference model to log the KL to it (``history["kl"]``). The
+    default ``None`` runs it only when ``kl_coef > 0``, so an update without a KL term costs no
+    reference forward pass and logs ``kl`` as NaN; ``True`` always logs it (chapter 7 plots how far
+    the policy drifts without a KL term), ``False`` never does and needs ``kl_coef == 0``.
     """
 
     algo: str = V.choice_field("grpo", ALGOS)
@@ -165,6 +171,8 @@ class RLConfig(V.ValidatedConfig):
     value_target: str = V.choice_field("gae", VALUE_TARGETS)
     value_nstep: int = V.int_field(1)             # n of value_target="nstep" (1 = TD(0))
     value_lam: float | None = V.number_field(None, 0.0, 1.0, optional=True)  # lambda of "lambda"; default lam
+    # reference model: None = compute its log-probs only when kl_coef > 0 (issue 14: as TRL does)
+    log_kl: bool | None = V.bool_field(None, optional=True)
     # housekeeping
     grad_clip: float | None = V.number_field(1.0, 0.0, lo_open=True, optional=True)
     eval_every: int = V.int_field(5)
@@ -176,6 +184,9 @@ class RLConfig(V.ValidatedConfig):
         if self.algo in ("rloo", "grpo", "dr_grpo", "dapo", "gspo") and self.group_size < 2:
             raise ValueError(f"RLConfig.group_size must be >= 2 for algo={self.algo!r}, which compares "
                              f"responses within a group; got {self.group_size}")
+        if self.log_kl is False and self.kl_coef > 0:
+            raise ValueError(f"RLConfig.log_kl=False skips the reference model, which kl_coef={self.kl_coef} "
+                             f"needs; use log_kl=None or True, or kl_coef=0")
         mb = self._default_minibatches() if self.minibatches is None else self.minibatches
         if mb > self.prompts_per_step:
             raise ValueError(f"RLConfig.minibatches ({mb}{' by default' if self.minibatches is None else ''}) "
@@ -276,7 +287,8 @@ def _select(ro: Rollout, idx: torch.Tensor) -> Rollout:
 
 @torch.no_grad()
 def collect(model, tok: CharTokenizer, task: Task, cfg: RLConfig, rng: random.Random,
-            generator: torch.Generator, device=None, prompts: int | None = None) -> Batch:
+            generator: torch.Generator, device=None, prompts: int | None = None,
+            logits_processor=None) -> Batch:
     """Sample ``cfg.group_size`` responses to each of ``prompts`` training prompts and score them.
 
     ``prompts`` defaults to ``cfg.prompts_per_step`` (a stale sampler asks each policy version for
@@ -284,7 +296,8 @@ def collect(model, tok: CharTokenizer, task: Task, cfg: RLConfig, rng: random.Ra
 
     With ``dynamic_sampling`` (DAPO), groups whose rewards are all equal are dropped and more
     prompts are drawn, up to ``max_sample_rounds`` rounds; the batch may end up smaller.
-    Responses are padded to the task's full budget ``task.max_new_tokens``.
+    Responses are padded to the task's full budget ``task.max_new_tokens``. ``logits_processor``
+    is passed to :func:`~rlkit.llm.sample` (a decode-time shield, chapter 18).
     """
     G = cfg.group_size
     n_prompts = cfg.prompts_per_step if prompts is None else V.positive_int(prompts, "prompts")
@@ -298,7 +311,8 @@ def collect(model, tok: CharTokenizer, task: Task, cfg: RLConfig, rng: random.Ra
         rows = [p for p in probs for _ in range(G)]
         ids, mask = encode_prompts(rows, tok, device)
         ro = sample(model, ids, mask, max_new_tokens=task.max_new_tokens, eos_id=tok.eos_id, pad_id=tok.pad_id,
-                    temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, generator=generator)
+                    temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, generator=generator,
+                    logits_processor=logits_processor)
         resp = tok.decode_batch(ro.response_ids.cpu())
         rewards = task.score(resp, rows, cfg.checker)
         correct = task.score(resp, rows, "exact")
@@ -404,7 +418,7 @@ def _train_args(tok, task, cfg) -> RLConfig:
 def train(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig | None = None, *,
           ref_model: nn.Module | None = None, critic: nn.Module | None = None,
           eval_problems: Sequence[Problem] | None = None, callback: Callable | None = None,
-          verbose: bool = False) -> RLResult:
+          verbose: bool = False, logits_processor=None) -> RLResult:
     """Train ``model`` (in place) on ``task`` with ``cfg.algo``; return an :class:`RLResult`.
 
     Args:
@@ -418,19 +432,30 @@ def train(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig | None
         eval_problems: held-out problems for the greedy / sampled accuracy (default:
             ``cfg.eval_problems`` from the task's test split).
         callback: called as ``callback(step, history, evals)`` after every step; return True to stop.
+        logits_processor: a decode-time processor (:data:`~rlkit.llm.LogitsProcessor`, e.g. a
+            shield that bans tokens). The policy being trained is then the *processed* model: it
+            samples with the processor, and the old and new log-probs of the ratio are recomputed
+            with it (:func:`~rlkit.llm.token_logprobs`), so the ratio compares the distributions
+            that really sampled and that are being optimised. The reference model and the
+            evaluations stay unprocessed. None: no processor.
 
     Chapter: 07_tiny_llm.
     """
     cfg = _train_args(tok, task, cfg)
+    if logits_processor is not None and not callable(logits_processor):
+        raise TypeError(f"logits_processor must be a callable f(context_ids, context_mask, logits) -> logits "
+                        f"or None, got {type(logits_processor).__name__}")
+    use_ref = cfg.kl_coef > 0 if cfg.log_kl is None else cfg.log_kl
     params = list(model.parameters())
     dev = params[0].device
     rng = random.Random(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
-    if ref_model is None:
+    if ref_model is None and use_ref:
         ref_model = copy.deepcopy(model)
-    ref_model.eval()
-    for p in ref_model.parameters():
-        p.requires_grad_(False)
+    if ref_model is not None:
+        ref_model.eval()
+        for p in ref_model.parameters():
+            p.requires_grad_(False)
     opt = torch.optim.Adam(params, lr=cfg.lr)
     if cfg.algo == "ppo":
         if critic is None:
@@ -467,19 +492,22 @@ def train(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig | None
     for step in range(cfg.steps):
         t0 = time.perf_counter()
         model.eval()                                     # no dropout anyway; sampling is no-grad
-        batch = collect(model, tok, task, cfg, rng, gen, dev)
+        batch = collect(model, tok, task, cfg, rng, gen, dev, logits_processor=logits_processor)
         ro = batch.rollout
         mask = ro.mask
         N = mask.shape[0]
         with torch.no_grad():
-            if cfg.temperature == 1.0:
+            if cfg.temperature == 1.0 and logits_processor is None:
                 old = ro.model_logprobs                  # = log pi_old of the sampled tokens
             else:
                 old = token_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.response_ids, mask,
+                                     temperature=cfg.temperature, logits_processor=logits_processor)
+            if use_ref:
+                ref = token_logprobs(ref_model, ro.prompt_ids, ro.prompt_mask, ro.response_ids, mask,
                                      temperature=cfg.temperature)
-            ref = token_logprobs(ref_model, ro.prompt_ids, ro.prompt_mask, ro.response_ids, mask,
-                                 temperature=cfg.temperature)
-            kl_tok = _kl_estimate(cfg.kl_estimator, old, ref) * mask    # per-token k_t
+                kl_tok = _kl_estimate(cfg.kl_estimator, old, ref) * mask    # per-token k_t
+            else:
+                ref = kl_tok = None                      # kl_coef == 0: no reference forward pass
             rewards = batch.rewards.to(dev)
             dense = (dense_rewards(task, tok, ro.response_ids, mask, batch.problems, cfg.checker).to(dev)
                      if cfg.token_rewards else None)
@@ -519,7 +547,8 @@ def train(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig | None
                 rows = (chunk[:, None] * G + torch.arange(G)).flatten().to(dev)
                 m = mask[rows]
                 logp, ent = token_logprobs(model, ro.prompt_ids[rows], ro.prompt_mask[rows], ro.response_ids[rows],
-                                           m, temperature=cfg.temperature, with_entropy=True)
+                                           m, temperature=cfg.temperature, with_entropy=True,
+                                           logits_processor=logits_processor)
                 loss, clip = policy_loss(cfg, logp, old[rows], adv_tok[rows], m)
                 if cfg.kl_coef > 0 and cfg.kl_in == "loss":
                     kl_term = _kl_estimate(cfg.kl_estimator, logp, ref[rows])
@@ -544,7 +573,8 @@ def train(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig | None
         h = hist
         h["reward"].append(batch.rewards.mean().item())
         h["accuracy"].append(batch.correct.mean().item())
-        h["kl"].append((kl_k3(old, ref) * mask).sum().item() / max(1.0, mask.sum().item()))
+        h["kl"].append((kl_k3(old, ref) * mask).sum().item() / max(1.0, mask.sum().item()) if use_ref
+                       else float("nan"))
         h["entropy"].append(float(np.mean(ents)) if ents else float("nan"))
         h["clip_fraction"].append(float(np.mean(clips)) if clips else float("nan"))
         h["zero_var_share"].append(batch.zero_var_share)

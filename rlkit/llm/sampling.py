@@ -16,9 +16,26 @@ logits) and top-p (the smallest set of most likely tokens whose probability unde
 ``logprobs`` (:math:`\log q`, the behaviour policy that really produced the data) and
 ``model_logprobs`` (:math:`\log p_\theta`, temperature 1, full vocabulary). RL that treats the
 samples as on-policy draws from :math:`p_\theta` is silently off-policy whenever they differ.
+
+**Logits processors** (Part III: decode-time shields, value-guided decoding). A
+``logits_processor`` is a callable ``f(context_ids [N, L], context_mask [N, L], logits [N, V]) ->
+logits [N, V]`` that rewrites the next-token logits given the sequence so far (prompt and the
+response tokens before this one). It is applied to the model's logits *before* temperature,
+top-k and top-p, so the sampling distribution becomes
+
+.. math::
+
+    q(y \mid h) \propto \exp\big(f(h, z)_y / \tau\big)\,\mathbb 1[y \in S],
+
+and ``logprobs`` are the log-probabilities of that processed distribution, while
+``model_logprobs`` stay those of the unmodified model. :func:`token_logprobs` accepts the same
+processor and applies it at every response position, so the log-probs a trainer recomputes are
+those of the distribution that really sampled the data. A processor may set logits to
+:math:`-\infty` (a banned token), but not all of a row's.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -26,7 +43,8 @@ import torch.nn.functional as F
 
 from .. import _validate as V
 
-__all__ = ["Rollout", "sample", "sampling_logprobs", "token_logprobs", "call_model"]
+__all__ = ["Rollout", "sample", "sampling_logprobs", "token_logprobs", "call_model", "LogitsProcessor",
+           "apply_logits_processor"]
 
 
 @dataclass
@@ -133,6 +151,45 @@ def sampling_logprobs(logits: torch.Tensor, temperature: float = 1.0, top_k: int
     return logp
 
 
+#: The type of a logits processor (see the module docstring).
+LogitsProcessor = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _check_processor(logits_processor) -> None:
+    if logits_processor is not None and not callable(logits_processor):
+        raise TypeError(f"logits_processor must be a callable f(context_ids, context_mask, logits) -> logits "
+                        f"or None, got {type(logits_processor).__name__}")
+
+
+def apply_logits_processor(logits_processor, context_ids: torch.Tensor, context_mask: torch.Tensor,
+                           logits: torch.Tensor) -> torch.Tensor:
+    r"""Apply a logits processor to next-token logits and check what it returns.
+
+    Args:
+        logits_processor: ``f(context_ids, context_mask, logits) -> logits`` (see the module
+            docstring) or None (the logits are returned unchanged).
+        context_ids: ``[N, L]`` int64, the sequence so far (left-padded prompt, then response).
+        context_mask: ``[N, L]`` bool, True at real tokens.
+        logits: ``[N, V]`` float, the model's logits for the next token.
+
+    Returns:
+        ``[N, V]`` processed logits. A result of another shape, with NaN or :math:`+\infty`, or with
+        a row that is :math:`-\infty` everywhere (no token left to sample) raises ``ValueError``.
+        Chapter: 18_safety_constraints.
+    """
+    if logits_processor is None:
+        return logits
+    out = logits_processor(context_ids, context_mask, logits)
+    if not isinstance(out, torch.Tensor) or out.shape != logits.shape:
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"logits_processor must return logits of shape {tuple(logits.shape)}, got {got}")
+    if torch.isnan(out).any() or torch.isposinf(out).any():
+        raise ValueError("logits_processor returned NaN or +inf logits; ban a token with -inf instead")
+    if out.shape[0] and bool(torch.isneginf(out).all(-1).any()):
+        raise ValueError("logits_processor set every logit of a row to -inf: no token is left to sample")
+    return out
+
+
 def _gather(logp: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
@@ -141,7 +198,8 @@ def _gather(logp: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 def sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None = None, *,
            max_new_tokens: int, eos_id: int | None = 1, pad_id: int = 0, temperature: float = 1.0,
            top_k: int | None = None, top_p: float | None = None, greedy: bool = False,
-           generator: torch.Generator | None = None, use_cache: bool = True) -> Rollout:
+           generator: torch.Generator | None = None, use_cache: bool = True,
+           logits_processor: LogitsProcessor | None = None) -> Rollout:
     r"""Sample one response per prompt row; return tokens, both log-probs and the mask.
 
     Each step draws :math:`y_t \sim q(\cdot \mid x, y_{<t})` (see :func:`sampling_logprobs`) by the
@@ -162,6 +220,8 @@ def sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None = N
         eos_id: the id that ends a response, or None. pad_id: fills a row after its ``<eos>``.
         temperature, top_k, top_p: the filters of :func:`sampling_logprobs` (ignored when greedy).
         greedy: decode by argmax. generator: a ``torch.Generator`` or None. use_cache: see above.
+        logits_processor: rewrites each step's logits before the filters (see the module
+            docstring); greedy decoding takes the argmax of the processed logits. None: no processor.
 
     Returns:
         a :class:`Rollout`; an empty batch (``B = 0``) gives one with ``T = 0``. Chapter: 07_tiny_llm.
@@ -176,6 +236,7 @@ def sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None = N
     V.instance_of(use_cache, "use_cache", bool)
     if generator is not None:
         V.instance_of(generator, "generator", torch.Generator)
+    _check_processor(logits_processor)
     block = getattr(getattr(model, "config", None), "block_size", None)
     if block is not None:
         V.fits(P + max_new_tokens, f"prompt length {P} + max_new_tokens {max_new_tokens}", block,
@@ -196,8 +257,10 @@ def sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None = N
 
     done = torch.zeros(B, dtype=torch.bool, device=dev)
     toks, lq, lp, alive_cols = [], [], [], []
+    ctx, ctx_mask = prompt_ids, prompt_mask              # the sequence so far, for a logits processor
     for t in range(max_new_tokens):
         model_logp = F.log_softmax(logits.float(), dim=-1)
+        logits = apply_logits_processor(logits_processor, ctx, ctx_mask, logits)
         if greedy:
             tok = logits.argmax(-1)
             tok_lq = torch.zeros(B, device=dev)
@@ -217,6 +280,9 @@ def sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None = N
             done = done | (tok == eos_id)
         if bool(done.all()) or t == max_new_tokens - 1:
             break
+        if logits_processor is not None:
+            ctx = torch.cat([ctx, tok[:, None]], dim=1)
+            ctx_mask = torch.cat([ctx_mask, torch.ones(B, 1, dtype=torch.bool, device=dev)], dim=1)
         if cached:
             logits = model(tok[:, None], cache=cache)[:, -1]
         else:
@@ -231,7 +297,8 @@ def sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None = N
 
 def token_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
                    response_ids: torch.Tensor, mask: torch.Tensor, *, temperature: float = 1.0,
-                   top_k: int | None = None, top_p: float | None = None, with_entropy: bool = False):
+                   top_k: int | None = None, top_p: float | None = None, with_entropy: bool = False,
+                   logits_processor: LogitsProcessor | None = None):
     r"""Differentiable :math:`\log q_\theta(y_t \mid x, y_{<t})` of given responses, in one forward pass.
 
     The model reads ``prompt + response``; the logits at position ``P - 1 + t`` score response
@@ -253,6 +320,9 @@ def token_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | 
         mask: ``[B, T]`` bool or 0/1, 1 at real response tokens.
         temperature, top_k, top_p: the filters of :func:`sampling_logprobs`.
         with_entropy: also return the entropies.
+        logits_processor: applied at every response position ``t`` to the logits, with context
+            ``prompt + response[:t]``, exactly as :func:`sample` applies it (one call per
+            position); masked positions are scored with zero logits. None: no processor.
 
     Returns:
         ``logprobs [B, T]``, or ``(logprobs, entropy)`` both ``[B, T]``. Chapter: 07_tiny_llm.
@@ -262,10 +332,15 @@ def token_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | 
     V.same_length(response_ids, "response_ids", prompt_ids, "prompt_ids")
     real = V.check_mask(mask, response_ids, "response_ids").bool()
     V.instance_of(with_entropy, "with_entropy", bool)
+    _check_processor(logits_processor)
     P, T = prompt_ids.shape[1], response_ids.shape[1]
     ids = torch.cat([prompt_ids, response_ids], dim=1)
     att = torch.cat([prompt_mask, torch.ones_like(response_ids, dtype=torch.bool)], dim=1)
     logits = call_model(model, ids, att)[:, P - 1:P - 1 + T].masked_fill(~real[..., None], 0.0)
+    if logits_processor is not None and T > 0:
+        cols = [apply_logits_processor(logits_processor, ids[:, :P + t], att[:, :P + t], logits[:, t])
+                for t in range(T)]
+        logits = torch.stack(cols, 1).masked_fill(~real[..., None], 0.0)
     logq = sampling_logprobs(logits, temperature, top_k, top_p)
     zero = torch.zeros((), device=logq.device, dtype=logq.dtype)
     lp = torch.where(real, _gather(logq, response_ids), zero)
