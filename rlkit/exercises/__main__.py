@@ -2,10 +2,12 @@
 
     python -m rlkit.exercises list [--chapter N]
     python -m rlkit.exercises grade student.py [--chapter N]
+    python -m rlkit.exercises student-edition OUT/ [--lessons lessons/]
 
 ``grade`` imports the file (so only run it on code you are willing to execute), checks every
 registered exercise whose function the file defines, prints one line per exercise and a score,
-and exits with status 0 when everything passed, 1 otherwise.
+and exits with status 0 when everything passed, 1 otherwise. ``student-edition`` writes the
+chapter notebooks without their solutions (see :mod:`rlkit.exercises.student`).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import sys
 from pathlib import Path
 
 from rlkit.exercises import exercises, grade
+from rlkit.exercises.student import student_edition
 
 
 def main(argv=None) -> int:
@@ -26,7 +29,21 @@ def main(argv=None) -> int:
     p_grade.add_argument("file", type=Path)
     p_grade.add_argument("--chapter", type=int, default=None)
     p_grade.add_argument("--verbose", action="store_true", help="print each check's full report")
+    p_student = sub.add_parser("student-edition", help="write the chapter notebooks without their solutions")
+    p_student.add_argument("out", type=Path, help="the folder to write the student notebooks to")
+    p_student.add_argument("--lessons", type=Path, default=None,
+                           help="the chapter notebooks (default: lessons/ of an editable install)")
     args = parser.parse_args(argv)
+
+    if args.cmd == "student-edition":
+        try:
+            report = student_edition(args.out, args.lessons)
+        except (FileNotFoundError, ValueError) as err:
+            parser.error(str(err))
+        for name, removed in report.items():
+            print(f"{name}: {removed['blocks']} solution blocks and {removed['cells']} solution cell(s) removed")
+        print(f"wrote {len(report)} student notebooks to {args.out}")
+        return 0
 
     if args.cmd == "list":
         for ex in exercises(args.chapter):
