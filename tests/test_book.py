@@ -98,6 +98,22 @@ def test_every_chapter_has_a_page(built_book):
         assert "cell_output" in text or "output" in text, f"{page.name} shows no executed output"
 
 
+def test_no_button_leads_nowhere(built_book):
+    """No launch button (Binder, Colab, JupyterHub) and no repository link: the book has no public home yet.
+
+    _config.yml sets neither ``repository.url`` nor ``launch_buttons`` (see its comment and the
+    README); a button that points at a repository that does not exist would lead nowhere.
+    """
+    offenders = []
+    for page in HTML.rglob("*.html"):
+        html = page.read_text(errors="replace")
+        for pattern in ("mybinder.org", "colab.research.google.com", "launch-buttons", "github.com/rlkit-book",
+                        'class="btn btn-sm btn-source-repository-button'):
+            if pattern in html:
+                offenders.append(f"{page.relative_to(HTML)}: {pattern}")
+    assert not offenders, "pages offer buttons that lead nowhere:\n" + "\n".join(offenders[:20])
+
+
 def test_pages_load_nothing_from_the_network(built_book):
     """Scripts and stylesheets come from the build: an offline reader sees everything."""
     offenders = []
