@@ -435,3 +435,374 @@ def optimise_policy(ref_logprobs: Tensor, proxy: Tensor, beta: float = 0.0, step
         if step % record_every == 0 or step == steps:
             record(step)
     return logits.detach(), hist
+
+
+# ----------------------------------------------------------------------------- ensembles (chapter 17)
+#
+# Chapter 17_uncertainty_risk extends this module: K reward models fitted in one batched pass
+# (RewardEnsemble, fit_ensemble_preferences), ensembles built with bootstrap and/or
+# initialisation diversity (fit_reward_ensemble), their disagreement as uncertainty
+# (ensemble_disagreement), several simulated annotators per pair (simulate_annotators), and the
+# exact natural-gradient path of a softmax policy under per-response advantage weights
+# (natural_policy_ascent).
+
+__all__ += ["RewardEnsemble", "simulate_annotators", "fit_ensemble_preferences", "standardise_on_reference",
+            "ensemble_data", "fit_reward_ensemble", "ensemble_disagreement", "natural_policy_ascent"]
+
+DIVERSITY = ("init", "bootstrap", "both", "independent")
+
+
+class RewardEnsemble(nn.Module):
+    r"""K independent ReLU reward nets, evaluated in one batched pass: features ``[..., F]`` -> ``[K, ...]``.
+
+    Member :math:`k` computes :math:`\hat r_k(x) = W^{(L)}_k{}^\top h_k + b^{(L)}_k` with
+    :math:`h_k = \mathrm{ReLU}(W^{(L-1)}_k{}^\top \cdots \mathrm{ReLU}(W^{(1)}_k{}^\top x + b^{(1)}_k)\cdots)`,
+    the architecture of :class:`RewardNet`. Its weights are stacked ``[K, in, out]``, so one
+    ``baddbmm`` per layer evaluates every member, and members never share a parameter: summing
+    their losses and stepping Adam (which acts elementwise) trains each exactly as if alone.
+
+    Args:
+        in_dim: feature size. k: number of members. hidden, layers: as :class:`RewardNet`
+            (``layers >= 1``).
+        seeds: None, or ``k`` ints: member ``i`` starts exactly as ``RewardNet(in_dim, hidden,
+            layers)`` built under ``torch.manual_seed(seeds[i])`` (the global RNG is left as it
+            was). With None, the members are drawn from the global RNG one after another.
+
+    Chapter: 17_uncertainty_risk.
+    """
+
+    def __init__(self, in_dim: int, k: int, hidden: int = 32, layers: int = 2, seeds=None):
+        super().__init__()
+        self.in_dim = V.positive_int(in_dim, "in_dim")
+        self.k = V.positive_int(k, "k")
+        V.positive_int(hidden, "hidden")
+        V.positive_int(layers, "layers")
+        if seeds is not None:
+            V.instance_of(seeds, "seeds", (list, tuple), "list of ints")
+            if len(seeds) != self.k:
+                raise ValueError(f"seeds must hold k = {self.k} ints, got {len(seeds)}")
+            seeds = [V.int_in_range(s, f"seeds[{i}]", 0, 2**63 - 1) for i, s in enumerate(seeds)]
+        nets = []
+        for i in range(self.k):
+            if seeds is None:
+                nets.append(RewardNet(in_dim, hidden, layers))
+            else:
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(seeds[i])
+                    nets.append(RewardNet(in_dim, hidden, layers))
+        self._load(nets)
+
+    def _load(self, nets) -> None:
+        linears = [[m for m in n.net if isinstance(m, nn.Linear)] for n in nets]
+        self.weights = nn.ParameterList(
+            [nn.Parameter(torch.stack([ls[j].weight.detach().T for ls in linears]).clone())
+             for j in range(len(linears[0]))])
+        self.biases = nn.ParameterList(
+            [nn.Parameter(torch.stack([ls[j].bias.detach() for ls in linears]).clone())
+             for j in range(len(linears[0]))])
+
+    @classmethod
+    def from_nets(cls, nets) -> RewardEnsemble:
+        """An ensemble whose members are copies of the given :class:`RewardNet` s (same architecture)."""
+        nets = V.tuple_of(nets, "nets", RewardNet)
+        V.positive_int(len(nets), "len(nets)")
+        shapes = [[tuple(p.shape) for p in n.parameters()] for n in nets]
+        if any(s != shapes[0] for s in shapes):
+            raise ValueError("from_nets: every net must have the same architecture")
+        out = cls.__new__(cls)
+        nn.Module.__init__(out)
+        out.in_dim, out.k = nets[0].in_dim, len(nets)
+        out._load(nets)
+        return out
+
+    def hidden_features(self, x: Tensor) -> Tensor:
+        """The last hidden layer of every member: ``[..., F]`` -> ``[K, ..., hidden]``."""
+        V.feature_tensor(x, "x", self.in_dim)
+        lead = x.shape[:-1]
+        h = x.reshape(1, -1, self.in_dim).expand(self.k, -1, -1)
+        for w, b in zip(self.weights[:-1], self.biases[:-1]):
+            h = torch.relu(torch.baddbmm(b[:, None, :], h, w))
+        return h.reshape(self.k, *lead, h.shape[-1])
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.hidden_features(x)
+        w, b = self.weights[-1], self.biases[-1]
+        return torch.einsum("k...h,kh->k...", h, w[..., 0]) + b[:, 0].reshape(self.k, *([1] * (h.dim() - 2)))
+
+    def member(self, i: int) -> RewardNet:
+        """Member ``i`` as a stand-alone :class:`RewardNet` (a copy)."""
+        i = V.int_in_range(i, "i", 0, self.k - 1)
+        hidden = self.weights[0].shape[-1]
+        net = RewardNet(self.in_dim, hidden, len(self.weights) - 1)
+        lins = [m for m in net.net if isinstance(m, nn.Linear)]
+        with torch.no_grad():
+            for lin, w, b in zip(lins, self.weights, self.biases):
+                lin.weight.copy_(w[i].T)
+                lin.bias.copy_(b[i])
+        return net
+
+
+def simulate_annotators(r_a: Tensor, r_b: Tensor, n_annotators: int, scale: float = 1.0,
+                        generator: torch.Generator | None = None) -> Tensor:
+    r"""How many of ``n_annotators`` independent simulated annotators prefer a to b.
+
+    Each annotator draws its own label from Bradley-Terry with noise scale ``s = scale``, as in
+    :func:`simulate_preferences`, so the count is Binomial(:math:`n`, :math:`\sigma((r_a-r_b)/s)`)
+    and :math:`\hat p = \text{count}/n` is an unbiased estimate of the preference probability.
+
+    Args: r_a, r_b: ``[...]`` true rewards (same shape); n_annotators >= 1; scale > 0.
+    Returns: int64 ``[...]`` in ``[0, n_annotators]``. Chapter: 17_uncertainty_risk.
+    """
+    n = V.positive_int(n_annotators, "n_annotators")
+    votes = torch.stack([simulate_preferences(r_a, r_b, scale, generator) for _ in range(n)])
+    return votes.sum(0)
+
+
+def fit_ensemble_preferences(ensemble: RewardEnsemble, features: Tensor, idx_a: Tensor, idx_b: Tensor,
+                             p_a: Tensor | None = None, weights: Tensor | None = None, epochs: int = 300,
+                             lr: float = 1e-2, weight_decay: float = 0.0) -> Tensor:
+    r"""Fit every member of an ensemble to its own preference data, full batch, with Adam.
+
+    Member :math:`k` minimises :func:`rlkit.risk.soft_bradley_terry_loss` on its pairs
+    :math:`(a_{ki}, b_{ki})` with labels :math:`\hat p_{ki}` (the probability that a is preferred;
+    None: a is the chosen one, :math:`\hat p = 1`) and pair weights :math:`w_{ki}` (None: 1). The
+    network is evaluated once per *distinct* feature row that the pairs use, which gives the same
+    loss and gradient as scoring every pair and is much cheaper when responses share features
+    (token counts). With one member, hard labels and no weights this is :func:`fit_bradley_terry`
+    with ``batch_size=None``.
+
+    Args:
+        ensemble: a :class:`RewardEnsemble` with K members.
+        features: ``[N, F]`` features of every response. idx_a, idx_b: int64 ``[K, M]`` indices into it.
+        p_a: ``[K, M]`` in [0, 1] or None. weights: ``[K, M]`` >= 0 or None.
+        epochs, lr, weight_decay: Adam's steps (full batch), learning rate and L2 coefficient.
+
+    Returns: the training loss of every member at every epoch, ``[epochs, K]``. Chapter: 17_uncertainty_risk.
+    """
+    V.instance_of(ensemble, "ensemble", RewardEnsemble)
+    V.feature_tensor(features, "features", ensemble.in_dim)
+    V.layout("N F", features=features)
+    n = features.shape[0]
+    sizes = V.layout("K M", {"K": ensemble.k}, idx_a=V.index_tensor(idx_a, "idx_a", n=n),
+                     idx_b=V.index_tensor(idx_b, "idx_b", n=n))
+    if p_a is not None:
+        V.float_tensor(p_a, "p_a", min_dim=2)
+        V.layout("K M", sizes, p_a=p_a)
+        V.tensor_in(p_a, "p_a", 0.0, 1.0)
+    if weights is not None:
+        V.float_tensor(weights, "weights", min_dim=2)
+        V.layout("K M", sizes, weights=weights)
+        V.tensor_in(weights, "weights", 0.0)
+    epochs = V.positive_int(epochs, "epochs")
+    lr = V.finite_float(lr, "lr", 0.0, lo_open=True)
+    weight_decay = V.finite_float(weight_decay, "weight_decay", 0.0)
+    used, inv = torch.unique(torch.cat([idx_a, idx_b], 1), return_inverse=True)
+    x, row = torch.unique(features[used], dim=0, return_inverse=True)   # distinct feature rows only
+    inv = row[inv]
+    ua, ub = inv[:, :idx_a.shape[1]], inv[:, idx_a.shape[1]:]
+    p = torch.ones(idx_a.shape, dtype=x.dtype) if p_a is None else p_a.to(x.dtype)
+    opt = torch.optim.Adam(ensemble.parameters(), lr=lr, weight_decay=weight_decay)
+    losses = torch.zeros(epochs, ensemble.k)
+    for e in range(epochs):
+        s = ensemble(x)                                          # [K, U]
+        ra, rb = s.gather(1, ua), s.gather(1, ub)
+        per = _soft_bt_rows(ra, rb, p, None if weights is None else weights.to(x.dtype))
+        opt.zero_grad()
+        per.sum().backward()
+        opt.step()
+        losses[e] = per.detach()
+    return losses
+
+
+def _soft_bt_rows(ra: Tensor, rb: Tensor, p: Tensor, weights: Tensor | None) -> Tensor:
+    # rlkit.risk.soft_bradley_terry_loss of every row, vectorised over the members: [K, M] -> [K]
+    d = ra - rb
+    per = p * nn.functional.softplus(-d) + (1 - p) * nn.functional.softplus(d)
+    if weights is None:
+        return per.mean(1)
+    total = weights.sum(1)
+    return (weights * per).sum(1) / torch.where(total > 0, total, torch.ones_like(total))
+
+
+def standardise_on_reference(raw: Tensor, ref_logprobs: Tensor) -> Tensor:
+    r"""Standardise reward scores on the reference policy, as :func:`fit_reward_model` does:
+
+    .. math::  \hat r(y) = \frac{r(y) - \mathbb E_{\pi_{ref}}[r]}{\operatorname{sd}_{\pi_{ref}}[r]} .
+
+    Args: raw: ``[..., N]`` scores of every response (e.g. one row per ensemble member);
+        ref_logprobs: ``[N]`` log pi_ref.
+    Returns: ``[..., N]`` (detached). Chapter: 17_uncertainty_risk.
+    """
+    V.float_tensor(raw, "raw")
+    V.float_tensor(ref_logprobs, "ref_logprobs")
+    sizes = V.layout("... N", raw=raw)
+    V.layout("N", {"N": sizes["N"]}, ref_logprobs=ref_logprobs)
+    p = torch.softmax(ref_logprobs.detach().to(raw.dtype), -1)
+    raw = raw.detach()
+    mean = (p * raw).sum(-1, keepdim=True)
+    sd = (p * (raw - mean) ** 2).sum(-1, keepdim=True).sqrt().clamp_min(1e-12)
+    return (raw - mean) / sd
+
+
+def ensemble_data(task: ResponseBandit, k: int = 5, diversity: str = "both", n_pairs: int = 1000,
+                  noise: float = 0.1, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor, list[int]]:
+    r"""Preference data and initialisation seeds for the :math:`K` members of an ensemble.
+
+    Pairs are drawn as in :func:`fit_reward_model` (two responses from pi_ref, one simulated
+    label with noise ``noise``). ``diversity`` says what differs between the members:
+
+    * ``"init"``: one data set for all; each member has its own random initialisation (deep
+      ensembles; Lakshminarayanan et al., 2017).
+    * ``"bootstrap"``: one initialisation for all; each member gets its own bootstrap resample
+      (``n_pairs`` pairs drawn with replacement) of the one data set.
+    * ``"both"``: bootstrap resamples and separate initialisations.
+    * ``"independent"``: each member gets fresh pairs and labels of its own (``k`` times the
+      annotation budget: a reference point, not a practical ensemble).
+
+    Returns: ``(chosen, rejected, seeds)``: int64 ``[K, n_pairs]`` response indices (the preferred
+    response first) and ``K`` initialisation seeds for :class:`RewardEnsemble`, all drawn from
+    ``generator``. Chapter: 17_uncertainty_risk.
+    """
+    V.instance_of(task, "task", ResponseBandit)
+    k = V.positive_int(k, "k")
+    diversity = V.choice(diversity, "diversity", DIVERSITY)
+    n_pairs = V.positive_int(n_pairs, "n_pairs")
+
+    def draw_pairs():
+        a = task.sample(n_pairs, generator=generator)
+        b = task.sample(n_pairs, generator=generator)
+        win = simulate_preferences(task.true_reward[a], task.true_reward[b], scale=noise, generator=generator)
+        return torch.where(win, a, b), torch.where(win, b, a)
+
+    if diversity == "independent":
+        pairs = [draw_pairs() for _ in range(k)]
+        chosen, rejected = torch.stack([c for c, _ in pairs]), torch.stack([r for _, r in pairs])
+    else:
+        c, r = draw_pairs()
+        if diversity == "init":
+            rows = torch.arange(n_pairs).expand(k, n_pairs)
+        else:
+            rows = torch.randint(0, n_pairs, (k, n_pairs), generator=generator)
+        chosen, rejected = c[rows], r[rows]
+    seeds = [int(s) for s in torch.randint(0, 2**62, (k,), generator=generator)]
+    if diversity == "bootstrap":
+        seeds = [seeds[0]] * k
+    return chosen, rejected, seeds
+
+
+def fit_reward_ensemble(task: ResponseBandit, k: int = 5, diversity: str = "both", n_pairs: int = 1000,
+                        noise: float = 0.1, hidden: int = 32, layers: int = 2, epochs: int = 300, lr: float = 1e-2,
+                        weight_decay: float = 0.0,
+                        generator: torch.Generator | None = None) -> tuple[RewardEnsemble, Tensor]:
+    r"""An ensemble of :math:`K` reward models on a :class:`ResponseBandit` with a chosen source of diversity.
+
+    :func:`ensemble_data` draws each member's preference pairs and initialisation (``diversity``
+    is ``"init"``, ``"bootstrap"``, ``"both"`` or ``"independent"``),
+    :func:`fit_ensemble_preferences` fits all members in one batched pass, and every member's
+    scores are standardised on pi_ref (:func:`standardise_on_reference`). To fit several
+    ensembles at once, concatenate their :func:`ensemble_data` along the member dimension.
+
+    Returns: ``(ensemble, proxies)`` with ``proxies`` ``[K, N]`` (detached) and
+    ``ensemble.pairs = (chosen, rejected)`` ``[K, n_pairs]``. Everything is drawn from
+    ``generator`` when one is given. Chapter: 17_uncertainty_risk.
+    """
+    chosen, rejected, seeds = ensemble_data(task, k, diversity, n_pairs, noise, generator)
+    ens = RewardEnsemble(task.features.shape[-1], k, hidden=hidden, layers=layers, seeds=seeds)
+    fit_ensemble_preferences(ens, task.features, chosen, rejected, epochs=epochs, lr=lr, weight_decay=weight_decay)
+    ens.pairs = (chosen, rejected)
+    with torch.no_grad():
+        raw = ens(task.features)
+    return ens, standardise_on_reference(raw, task.ref_logprobs)
+
+
+def ensemble_disagreement(scores: Tensor, dim: int = 0) -> Tensor:
+    r"""Disagreement of an ensemble as an uncertainty: the population standard deviation over members,
+
+    .. math::  \sigma(y) = \Big(\frac1K\sum_{j=1}^K \big(\hat r_j(y) - \bar r(y)\big)^2\Big)^{1/2},
+
+    0 for a single member. This is an uncertainty about the *sequence* reward of a response; a
+    per-token :math:`\sigma_t` is this value broadcast over the response's tokens (or the
+    disagreement of value heads at :math:`h_t`, a different quantity).
+
+    Args: scores: ``[..., K, ...]`` finite, ``dim`` the members. Returns: ``scores`` without ``dim``.
+    Chapter: 17_uncertainty_risk.
+    """
+    V.float_tensor(scores, "scores")
+    dim = V.int_in_range(dim, "dim", -scores.dim(), scores.dim() - 1)
+    V.positive_int(scores.shape[dim], "the number of members (scores.shape[dim])")
+    V.tensor_in(scores, "scores")
+    return ((scores - scores.mean(dim, keepdim=True)) ** 2).mean(dim).sqrt()
+
+
+def natural_policy_ascent(ref_logprobs: Tensor, reward: Tensor, weights: Tensor | None = None, beta: float = 0.0,
+                          steps: int = 300, lr=0.1, record_every: int = 1,
+                          callback: Callable[[int, Tensor], None] | None = None,
+                          **track: Tensor) -> tuple[Tensor, dict[str, list[float]]]:
+    r"""The exact (expected) natural-gradient path of a softmax policy with per-response advantage weights.
+
+    Starting from :math:`\theta_0 = \log\pi_{ref}`, every step is
+
+    .. math::
+        R_t(y) = r(y) - \beta\log\frac{\pi_t(y)}{\pi_{ref}(y)},\qquad
+        \theta_{t+1}(y) = \theta_t(y) + \eta\,w(y)\,\big(R_t(y) - \mathbb E_{\pi_t}[R_t]\big),
+
+    the natural policy gradient of a tabular softmax policy (Kakade, 2001), with the KL folded into
+    the reward as RLHF trainers do and the advantage of every response scaled by :math:`w(y) > 0`
+    (e.g. :math:`1/(1+\alpha\sigma(y))`). With :math:`w \equiv 1` and :math:`\beta = 0` the path is
+    exactly the family :math:`\pi_t \propto \pi_{ref}\,e^{\eta t\,r}` of
+    :func:`kl_regularised_optimum` at :math:`\beta = 1/(\eta t)`. For any :math:`w > 0` a fixed point
+    has :math:`R_t \equiv` const, i.e. it is :math:`\pi_\beta` of :math:`r` (for :math:`\beta > 0`),
+    whatever the weights: they change the speed, not the destination. Stable for
+    :math:`\eta\,\beta\,\max w \le 1`.
+
+    Args:
+        ref_logprobs: ``[N]`` log pi_ref; reward: ``[N]``; weights: ``[N]`` > 0 or None (all 1).
+        beta: KL coefficient >= 0. steps: number of steps.
+        lr: :math:`\eta > 0`, one number, or a sequence of ``steps`` positive numbers (one per step,
+            e.g. growing geometrically to cover a long time :math:`\sum_t\eta_t` in few steps).
+        record_every, callback, **track: as :func:`optimise_policy`.
+
+    Returns: ``(logits [N], history)`` with ``history["step"]``, ``["kl"]``, ``["proxy"]`` (the
+    expected ``reward``) and one list per tracked reward. Chapter: 17_uncertainty_risk.
+    """
+    _per_response(ref_logprobs=ref_logprobs, reward=reward)
+    if weights is None:
+        weights = torch.ones_like(reward)
+    else:
+        _per_response(ref_logprobs=ref_logprobs, weights=weights)
+        V.tensor_in(weights, "weights", 0.0, lo_open=True)
+    V.tensor_in(reward, "reward")
+    beta = V.finite_float(beta, "beta", 0.0)
+    steps = V.positive_int(steps, "steps", minimum=0)
+    if isinstance(lr, (list, tuple)) or (isinstance(lr, Tensor) and lr.dim() > 0):
+        lrs = V.real_list(lr, "lr")
+        if len(lrs) != steps:
+            raise ValueError(f"lr must be one number or {steps} numbers (one per step), got {len(lrs)}")
+        lrs = [V.real_in(x, f"lr[{i}]", 0.0, lo_open=True) for i, x in enumerate(lrs)]
+    else:
+        lrs = [V.finite_float(lr, "lr", 0.0, lo_open=True)] * steps
+    record_every = V.positive_int(record_every, "record_every")
+    ref = torch.log_softmax(ref_logprobs.detach(), -1)
+    reward, weights = reward.detach(), weights.detach()
+    theta = ref.clone()
+    hist: dict[str, list[float]] = {"step": [], "kl": [], "proxy": []}
+    for name in track:
+        hist[name] = []
+
+    def record(step):
+        s = policy_summary(theta, ref, proxy=reward, **track)
+        hist["step"].append(step)
+        for key, v in s.items():
+            hist[key].append(v)
+        if callback is not None:
+            callback(step, theta.clone())
+
+    with torch.no_grad():
+        record(0)
+        for step in range(1, steps + 1):              # theta is kept normalised: it is log pi_t
+            shaped = reward - beta * (theta - ref) if beta > 0 else reward
+            adv = shaped - (theta.exp() * shaped).sum()
+            theta = torch.log_softmax(theta + lrs[step - 1] * weights * adv, -1)
+            if step % record_every == 0 or step == steps:
+                record(step)
+    return theta, hist
