@@ -52,7 +52,21 @@ ignore that mismatch, as many real systems do (Part II measures it).
 
 **Models.** Any model following the protocol of :mod:`rlkit.llm.model` (``ids -> logits``). PPO's
 critic is a copy of the initial policy whose logits feed a linear layer (:class:`ValueHead`),
-so it needs nothing more from the model either.
+so it needs nothing more from the model either. A Hugging Face model runs through
+:class:`rlkit.llm.hf.HFCausalLM` (chapter 25).
+
+**Against TRL's loss types** (``GRPOConfig.loss_type``; ``tests/test_grpo_loss_formulas.py``):
+``aggregation="seq-mean-token-mean"`` is TRL's ``grpo``, ``"seq-mean-token-sum-norm"`` (with the
+task's ``max_new_tokens`` as TRL's ``max_completion_length``) its ``dr_grpo``, ``"token-mean"`` its
+``bnpo``, and its ``dapo`` too when one optimisation step takes the whole batch (``minibatches=1``).
+Where rlkit differs on purpose: (1) the std in the group advantage gets :math:`\zeta = 10^{-6}`,
+TRL's :math:`10^{-4}` (a relative difference below :math:`10^{-4}` for 0/1 rewards in groups of 8);
+(2) with several minibatches ``"token-mean"`` divides each one by its own token count (TRL's
+``bnpo``), where TRL's ``dapo`` divides by the whole generation batch's count; (3) a response with
+no token is left out of the sequence mean (TRL counts it as 0), which a trainer's batch never
+has; (4) the defaults differ: TRL's default ``loss_type`` is ``dapo`` with a symmetric clip
+(:math:`\epsilon_{high} = \epsilon = 0.2`), rlkit's ``algo="dapo"`` clips at (0.2, 0.28) and
+resamples zero-variance groups; both default to :math:`\beta = 0` and std-scaled rewards.
 
 Logged per step (``RLResult.history[key]``, one entry per step, NaN where not measured):
 ``reward`` (the checker's reward), ``accuracy`` (exact-match of the sampled responses),
@@ -432,7 +446,7 @@ def train(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig | None
         eval_problems: held-out problems for the greedy / sampled accuracy (default:
             ``cfg.eval_problems`` from the task's test split).
         callback: called as ``callback(step, history, evals)`` after every step; return True to stop.
-        logits_processor: a decode-time processor (:data:`~rlkit.llm.LogitsProcessor`, e.g. a
+        logits_processor: a decode-time processor (:data:`~rlkit.llm.sampling.LogitsProcessor`, e.g. a
             shield that bans tokens). The policy being trained is then the *processed* model: it
             samples with the processor, and the old and new log-probs of the ratio are recomputed
             with it (:func:`~rlkit.llm.token_logprobs`), so the ratio compares the distributions
@@ -499,6 +513,8 @@ def train(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig | None
         with torch.no_grad():
             if cfg.temperature == 1.0 and logits_processor is None:
                 old = ro.model_logprobs                  # = log pi_old of the sampled tokens
+            elif logits_processor is not None and cfg.top_k is None and cfg.top_p is None:
+                old = ro.logprobs                        # the processed policy sampled them: log q = log pi_old
             else:
                 old = token_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.response_ids, mask,
                                      temperature=cfg.temperature, logits_processor=logits_processor)
