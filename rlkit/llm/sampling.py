@@ -28,7 +28,7 @@ top-k and top-p, so the sampling distribution becomes
     q(y \mid h) \propto \exp\big(f(h, z)_y / \tau\big)\,\mathbb 1[y \in S],
 
 and ``logprobs`` are the log-probabilities of that processed distribution, while
-``model_logprobs`` stay those of the unmodified model. :func:`token_logprobs` accepts the same
+``model_logprobs`` stay those of the unmodified model. :func:`~rlkit.llm.token_logprobs` accepts the same
 processor and applies it at every response position, so the log-probs a trainer recomputes are
 those of the distribution that really sampled the data. A processor may set logits to
 :math:`-\infty` (a banned token), but not all of a row's.
