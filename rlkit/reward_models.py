@@ -629,9 +629,13 @@ def standardise_on_reference(raw: Tensor, ref_logprobs: Tensor) -> Tensor:
 
     .. math::  \hat r(y) = \frac{r(y) - \mathbb E_{\pi_{ref}}[r]}{\operatorname{sd}_{\pi_{ref}}[r]} .
 
-    Args: raw: ``[..., N]`` scores of every response (e.g. one row per ensemble member);
+    Args:
+        raw: ``[..., N]`` scores of every response (e.g. one row per ensemble member).
         ref_logprobs: ``[N]`` log pi_ref.
-    Returns: ``[..., N]`` (detached). Chapter: 17_uncertainty_risk.
+
+    Returns:
+        ``[..., N]`` (detached).
+        Chapter: 17_uncertainty_risk.
     """
     V.float_tensor(raw, "raw")
     V.float_tensor(ref_logprobs, "ref_logprobs")
@@ -760,7 +764,7 @@ def natural_policy_ascent(ref_logprobs: Tensor, reward: Tensor, weights: Tensor 
         beta: KL coefficient >= 0. steps: number of steps.
         lr: :math:`\eta > 0`, one number, or a sequence of ``steps`` positive numbers (one per step,
             e.g. growing geometrically to cover a long time :math:`\sum_t\eta_t` in few steps).
-        record_every, callback, **track: as :func:`optimise_policy`.
+        record_every, callback, \*\*track: as :func:`optimise_policy`.
 
     Returns: ``(logits [N], history)`` with ``history["step"]``, ``["kl"]``, ``["proxy"]`` (the
     expected ``reward``) and one list per tracked reward. Chapter: 17_uncertainty_risk.

@@ -46,8 +46,8 @@ def is_solution_cell(cell: dict) -> bool:
         cell: a notebook cell (a dict in nbformat 4's layout).
 
     Returns:
-        True for a solution cell, False for any other cell. Chapter: 01_policy_gradient (every
-        chapter's exercises).
+        True for a solution cell, False for any other cell.
+        Chapter: 01_policy_gradient (every chapter's exercises).
     """
     if not isinstance(cell, dict) or "cell_type" not in cell:
         raise TypeError(f"cell must be a notebook cell (a dict with a 'cell_type'), got {type(cell).__name__}")

@@ -666,11 +666,10 @@ def facts_exact(model, tok: CharTokenizer, a_values: Sequence[int] = tuple(range
 
     With the grammar :func:`facts_format` (the default ``logits_processor``), the probability that
     a response to ``"a*"`` is the true fact about :math:`b` is one product of token probabilities,
-    :math:`q_{ab} = \pi(	exttt{"}b	exttt{="}\,c_{ab}\,\langle\mathrm{eos}
-angle \mid a)`, scored for
+    :math:`q_{ab} = \pi(\texttt{"}b\texttt{="}\,c_{ab}\,\langle\mathrm{eos}\rangle \mid a)`, scored for
     all 90 :math:`b` in one forward pass. Then, exactly, per prompt,
 
-    .. math::  	ext{pass@}k = 1-\Big(1-\sum_b q_{ab}\Big)^k,\qquad
+    .. math::  \text{pass@}k = 1-\Big(1-\sum_b q_{ab}\Big)^k,\qquad
                \mathbb E[D_k] = \sum_b \big[1-(1-q_{ab})^k\big],
 
     the expected number of distinct correct answers among :math:`k` independent samples (the

@@ -12,12 +12,12 @@ rlkit's trainers ask a model for one thing, ``logits = model(ids)`` (the protoco
   mask**, so the first real token of every row gets position 0,
 
   .. math:: \mathrm{pos}_{b,t} = \max\Big(0,\; s_b + \sum_{j \le t} m_{b,j} - 1\Big),
-     :label: eq-ch25-positions
+     :label: eq-llm-hf-positions
 
   with :math:`m_{b,j} \in \{0, 1\}` the mask and :math:`s_b` the number of real tokens already
   in the cache. A forward pass that leaves the position ids out (as TRL's loss does) scores a
   left-padded prompt at positions shifted by its padding, so the log-probs of the loss differ
-  from those the tokens were sampled with; here both use :eq:`eq-ch25-positions`;
+  from those the tokens were sampled with; here both use :eq:`eq-llm-hf-positions`;
 * **KV cache** through ``past_key_values`` (:class:`HFCache`, ``new_cache``), which
   :func:`rlkit.llm.sample` uses as it uses the tiny GPT's cache;
 * **EOS and stop tokens**: ``stop_ids`` (for example a chat model's end-of-turn token) end a
@@ -25,7 +25,7 @@ rlkit's trainers ask a model for one thing, ``logits = model(ids)`` (the protoco
 
   .. math:: z'_{\mathrm{eos}} = \log\sum_{s \in \{\mathrm{eos}\}\cup S} e^{z_s},\qquad
             z'_s = -\infty \;(s \in S),
-     :label: eq-ch25-stop
+     :label: eq-llm-hf-stop
 
   so the probability of stopping is unchanged and sampling and training see the same
   distribution.
@@ -75,7 +75,7 @@ def require_transformers():
 
 
 def position_ids(mask: torch.Tensor, start: torch.Tensor | None = None) -> torch.Tensor:
-    r"""Position ids of a left-padded batch, :eq:`eq-ch25-positions`.
+    r"""Position ids of a left-padded batch, :eq:`eq-llm-hf-positions`.
 
     Args:
         mask: ``[B, T]`` bool, True at real tokens.
@@ -113,7 +113,7 @@ class HFCache:
     r"""The KV cache of an :class:`HFCausalLM`: the model's ``past_key_values`` and the mask so far.
 
     ``real [B, L]`` says which cached positions are real tokens, ``next_pos [B]`` is the position
-    id the next token of each row gets (:eq:`eq-ch25-positions`), ``length`` the cached tokens.
+    id the next token of each row gets (:eq:`eq-llm-hf-positions`), ``length`` the cached tokens.
     Chapter: 25_hugging_face_models.
     """
 
@@ -142,8 +142,8 @@ class HFCausalLM(nn.Module):
 
     ``forward(ids [B, T], attention_mask [B, T] bool or None, cache=None, return_hidden=False) ->
     logits [B, T, V]`` with ``logits[b, t]`` scoring the token after ``ids[b, :t + 1]``. Position
-    ids come from the mask (:eq:`eq-ch25-positions`); stop tokens are merged into ``eos_id``
-    (:eq:`eq-ch25-stop`).
+    ids come from the mask (:eq:`eq-llm-hf-positions`); stop tokens are merged into ``eos_id``
+    (:eq:`eq-llm-hf-stop`).
 
     Args:
         model: a ``transformers`` causal LM (``model(input_ids, attention_mask, position_ids,

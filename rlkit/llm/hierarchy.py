@@ -37,7 +37,7 @@ integer answer near the target under the model.
 ``group_size`` plans per problem, and a policy gradient on every sub-goal's tokens, with either
 **sub-goal rewards** (each sub-goal is scored on its own target, given its actual arguments) or
 the **final reward** only (every sub-goal of a plan gets the plan's end-to-end reward), and a
-leave-one-out baseline per sub-goal index (:func:`~rlkit.llm.multiturn.turn_advantages`).
+leave-one-out baseline per sub-goal index (:func:`~rlkit.llm.turn_advantages`).
 """
 from __future__ import annotations
 
@@ -163,7 +163,7 @@ def _sum(args):
     return sum(args)
 
 
-#: The two-term addition skill: the shipped model's only skill (operands 10..99, up to 3 digits and <eos>).
+#: The two-term addition skill, the shipped model's only skill (operands 10..99, up to 3 digits and <eos>).
 ADD = Option("add", "{0}+{1}=", 2, 10, 99, _sum, max_new_tokens=4)
 
 
@@ -203,7 +203,7 @@ class SkillLibrary:
         return f"SkillLibrary({sorted(self._options)})"
 
 
-#: The library of chapter 23: one skill, :data:`ADD`.
+#: The library of chapter 23, with one skill, :data:`ADD`.
 SKILLS = SkillLibrary([ADD])
 
 
@@ -650,7 +650,7 @@ def train_executor(model, tok: CharTokenizer, task: Task, planner: Callable[[Pro
                \qquad G_{i,j} = \mathbb 1[\text{plan } i \text{ answered the problem}] \ \ (\texttt{"final"}),
 
     then :math:`\hat A_{i,j} = G_{i,j} -` the mean :math:`G` of the *other* plans of the same
-    problem that started sub-goal :math:`j` (:func:`~rlkit.llm.multiturn.turn_advantages`, ``"loo"``).
+    problem that started sub-goal :math:`j` (:func:`~rlkit.llm.turn_advantages`, ``"loo"``).
     The loss is the policy gradient over every executor token,
 
     .. math::

@@ -20,7 +20,7 @@ Chapter: 21_offline_rl_ope.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 
 import torch
@@ -396,7 +396,7 @@ def iql_token_weights(critic: TokenCritic, features: Tensor, logs: LogDataset, b
     return awr_weights(adv, beta, max_weight, mask=logs.mask > 0)
 
 
-def q_logits_processor(critic: TokenCritic, model) -> callable:
+def q_logits_processor(critic: TokenCritic, model) -> Callable:
     r"""A logits processor (:mod:`rlkit.llm.sampling`) that replaces the logits by :math:`Q(h, \cdot)`.
 
     At each step it reruns the frozen ``model`` on the context to get :math:`z(h)` and returns the
