@@ -93,7 +93,6 @@ from .multiturn import (
 )
 from .rl import ALGOS, RLConfig, RLResult, ValueHead, collect, policy_loss, sequence_advantages, steps_to_reach, train
 from .sampling import (
-    LogitsProcessor,
     Rollout,
     apply_logits_processor,
     call_model,
@@ -120,7 +119,7 @@ from .tokenizer import CharTokenizer
 
 __all__ = [
     "GPT", "GPTConfig", "KVCache", "TinyGRULM", "CharTokenizer",
-    "Rollout", "sample", "sampling_logprobs", "token_logprobs", "call_model", "LogitsProcessor",
+    "Rollout", "sample", "sampling_logprobs", "token_logprobs", "call_model",
     "apply_logits_processor",
     "Task", "Problem", "ADDITION", "MULTIPLICATION", "TASKS", "get_task",
     "exact_match", "prefix_match", "contains_answer", "numeric_close", "has_carry", "forgot_carry_answer",
