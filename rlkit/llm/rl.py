@@ -429,6 +429,22 @@ def _train_args(tok, task, cfg) -> RLConfig:
     return cfg
 
 
+def _reference_model(model: nn.Module, ref_model: nn.Module | None, cfg: RLConfig):
+    """``(use_ref, ref_model)``: whether the reference runs (``RLConfig.log_kl``), and the frozen reference.
+
+    Without a given ``ref_model`` the reference is a copy of ``model`` taken now, made only when it
+    will run; a given one is put in eval mode and frozen either way.
+    """
+    use_ref = cfg.kl_coef > 0 if cfg.log_kl is None else cfg.log_kl
+    if ref_model is None and use_ref:
+        ref_model = copy.deepcopy(model)
+    if ref_model is not None:
+        ref_model.eval()
+        for p in ref_model.parameters():
+            p.requires_grad_(False)
+    return use_ref, ref_model
+
+
 def train(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig | None = None, *,
           ref_model: nn.Module | None = None, critic: nn.Module | None = None,
           eval_problems: Sequence[Problem] | None = None, callback: Callable | None = None,
@@ -459,17 +475,11 @@ def train(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig | None
     if logits_processor is not None and not callable(logits_processor):
         raise TypeError(f"logits_processor must be a callable f(context_ids, context_mask, logits) -> logits "
                         f"or None, got {type(logits_processor).__name__}")
-    use_ref = cfg.kl_coef > 0 if cfg.log_kl is None else cfg.log_kl
+    use_ref, ref_model = _reference_model(model, ref_model, cfg)
     params = list(model.parameters())
     dev = params[0].device
     rng = random.Random(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
-    if ref_model is None and use_ref:
-        ref_model = copy.deepcopy(model)
-    if ref_model is not None:
-        ref_model.eval()
-        for p in ref_model.parameters():
-            p.requires_grad_(False)
     opt = torch.optim.Adam(params, lr=cfg.lr)
     if cfg.algo == "ppo":
         if critic is None:

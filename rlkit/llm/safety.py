@@ -49,7 +49,7 @@ from ..returns import gae
 from ..safety import lagrangian_advantages
 from ..utils import clip_grad
 from .evaluation import evaluate
-from .rl import RLConfig, _kl_estimate, _select, _train_args, collect, policy_loss
+from .rl import RLConfig, _kl_estimate, _reference_model, _select, _train_args, collect, policy_loss
 from .sampling import Rollout, call_model, token_logprobs
 from .tasks import Problem, Task, addition_problem, digit_rewards, exact_match
 from .tokenizer import CharTokenizer
@@ -308,17 +308,11 @@ def train_constrained(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLC
         V.has_method(multiplier, "multiplier", "update")
     if logits_processor is not None:
         V.is_callable(logits_processor, "logits_processor")
-    use_ref = cfg.kl_coef > 0 if cfg.log_kl is None else cfg.log_kl
+    use_ref, ref_model = _reference_model(model, ref_model, cfg)
     params = list(model.parameters())
     dev = params[0].device
     rng = random.Random(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
-    if ref_model is None and use_ref:
-        ref_model = copy.deepcopy(model)
-    if ref_model is not None:
-        ref_model.eval()
-        for p in ref_model.parameters():
-            p.requires_grad_(False)
     if critic is None:
         critic = RewardCostCritic(copy.deepcopy(model), tok.vocab_size).to(dev)
     opt = torch.optim.Adam(params, lr=cfg.lr)
