@@ -47,7 +47,7 @@ import torch.nn as nn
 
 from .. import _validate as V
 from .model import GPT
-from .tokenizer import CharTokenizer
+from .tokenizer import CharTokenizer, _left_pad
 
 __all__ = ["UNMAPPABLE", "require_transformers", "position_ids", "HFModelInfo", "HFCache", "HFCausalLM",
            "HFTokenizer", "char_tokenizer_to_hf", "gpt_to_hf"]
@@ -322,15 +322,7 @@ class HFTokenizer(CharTokenizer):
         for i, r in enumerate(rows):
             if not r:
                 raise ValueError(f"texts[{i}] encodes to no token: every prompt needs at least one")
-        width = max((len(r) for r in rows), default=0)
-        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.bool)
-        for i, r in enumerate(rows):
-            ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
-            mask[i, width - len(r):] = True
-        if device is not None:
-            ids, mask = ids.to(device), mask.to(device)
-        return ids, mask
+        return _left_pad(rows, self.pad_id, device)
 
     def to_dict(self) -> dict:
         raise NotImplementedError("an HFTokenizer is saved with its Hugging Face tokenizer (save_pretrained)")

@@ -103,15 +103,7 @@ class CharTokenizer:
         for i, r in enumerate(rows):
             if not r:
                 raise ValueError(f"texts[{i}] is empty: every prompt needs at least one character")
-        width = max((len(r) for r in rows), default=0)
-        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.bool)
-        for i, r in enumerate(rows):
-            ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
-            mask[i, width - len(r):] = True
-        if device is not None:
-            ids, mask = ids.to(device), mask.to(device)
-        return ids, mask
+        return _left_pad(rows, self.pad_id, device)
 
     def to_dict(self) -> dict:
         """The JSON-ready description a checkpoint stores: ``{"type": "CharTokenizer", "chars": ...}``."""
@@ -127,3 +119,16 @@ class CharTokenizer:
 
     def __repr__(self) -> str:
         return f"CharTokenizer(vocab_size={self.vocab_size})"
+
+
+def _left_pad(rows: Sequence[Sequence[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """LEFT-pad token-id lists into ``ids [len(rows), max_len]`` (``pad_id`` filling) and a bool mask of real tokens."""
+    width = max((len(r) for r in rows), default=0)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
+        mask[i, width - len(r):] = True
+    if device is not None:
+        ids, mask = ids.to(device), mask.to(device)
+    return ids, mask
