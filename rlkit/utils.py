@@ -15,7 +15,8 @@ import torch
 
 from . import _validate as V
 
-__all__ = ["device", "seed_everything", "masked_mean", "clip_grad", "full_scale", "Timer", "timer"]
+__all__ = ["device", "seeds", "seed_base", "seed_everything", "masked_mean", "clip_grad", "full_scale",
+           "Timer", "timer"]
 
 
 def device(prefer: str | None = None) -> torch.device:
@@ -42,6 +43,36 @@ def device(prefer: str | None = None) -> torch.device:
 def _mps_available() -> bool:
     backend = getattr(torch.backends, "mps", None)
     return bool(backend is not None and backend.is_available())
+
+
+def seed_base() -> int:
+    """The number every chapter's seeds start from: ``RLKIT_SEED_BASE`` (an int), 0 when unset.
+
+    Changing it reruns every experiment in the book on seeds it was not written on, which is how
+    the robustness runner (``python -m rlkit.robustness``) checks that a claim is not one seed's luck.
+    """
+    raw = os.environ.get("RLKIT_SEED_BASE", "0").strip()
+    try:
+        base = int(raw)
+    except ValueError:
+        raise ValueError(f"RLKIT_SEED_BASE must be an integer, got {raw!r}") from None
+    if not 0 <= base <= 2**31:
+        raise ValueError(f"RLKIT_SEED_BASE must be in [0, 2**31], got {base}")
+    return base
+
+
+def seeds(n: int, start: int = 0) -> list[int]:
+    """The seeds of an experiment with ``n`` runs: ``[base + start, ..., base + start + n - 1]``.
+
+    ``base`` is :func:`seed_base` (the ``RLKIT_SEED_BASE`` switch). Every seed list in the book
+    comes from here, so one variable moves all of them; ``start`` keeps two experiments in one
+    chapter on different seeds (``seeds(5)`` and ``seeds(5, start=100)``). Index results by
+    ``SEEDS[0]``, never by a literal seed.
+    """
+    n = V.positive_int(n, "n")
+    start = V.int_in_range(start, "start", 0, 2**31)
+    base = seed_base()
+    return [base + start + i for i in range(n)]
 
 
 def seed_everything(seed: int = 0, threads: int | None = 1) -> torch.Generator:
