@@ -162,3 +162,20 @@ def test_library_reference_documents_every_public_name(built_book, rlkit_public_
                 problems.append(f"{mod}.{name}: " + (f"documented {len(found)} times ({found})" if found
                                                      else "no entry (no docstring?)"))
     assert not problems, "the Library reference is incomplete:\n" + "\n".join(problems)
+
+
+def test_claims_ledger_lists_every_claim_of_the_executed_chapters(built_book):
+    """book/claims.md is generated: every claim a chapter displayed is a row of the ledger page."""
+    import html
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("claims_ledger", ROOT / "book" / "_ext" / "claims_ledger.py")
+    ledger = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ledger)
+    executed = sorted((ROOT / "_build" / "jupyter_execute" / "lessons").glob("*.ipynb"))
+    assert executed, "the build wrote no executed chapters to _build/jupyter_execute"
+    claims = [c for p in executed for c in ledger.claims_in_notebook(p)]
+    page = (HTML / "book" / "claims.html").read_text()
+    assert f"{len(claims)} claims in" in page, "the ledger's count disagrees with the executed chapters"
+    missing = [c["statement"] for c in claims if html.escape(c["statement"], quote=False) not in page]
+    assert not missing, f"claims missing from the ledger page: {missing[:5]}"
