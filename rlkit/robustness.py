@@ -37,7 +37,7 @@ from pathlib import Path
 
 __all__ = ["KERNELS", "variant_env", "run_notebook", "run", "format_table", "main"]
 
-#: The kernel settings the runner knows: the environment variables each one sets (None: removed).
+#: The kernel settings the runner knows, each with the environment variables it sets (None removes one).
 KERNELS: dict[str, dict[str, str | None]] = {
     "native": {"MKL_CBWR": None, "ATEN_CPU_CAPABILITY": None},
     "emulated": {"MKL_CBWR": "COMPATIBLE", "ATEN_CPU_CAPABILITY": "default"},

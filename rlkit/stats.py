@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 __all__ = ["Summary", "Comparison", "Claim", "ClaimFailed", "summary", "compare", "holm", "claim",
            "claim_all", "report", "t_cdf", "t_quantile", "CLAIM_MIME", "recorded_claims"]
 
-#: The output type a claim is displayed with (beside plain text): the claims ledger reads it.
+#: The output type a claim is displayed with, beside plain text; the claims ledger reads it.
 CLAIM_MIME = "application/vnd.rlkit.claim+json"
 
 _KINDS = ("greater", "less", "differ", "equivalent", "not_separated")

@@ -69,6 +69,21 @@ def test_notebook_has_one_title_and_seeds_itself(path):
     assert "seed_everything(" in code, f"{path.name}: the notebook must seed itself (rlkit.utils.seed_everything)"
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_uses_the_shared_statistics_and_seed_switch(path):
+    """One statistics module and one seed switch (book/setup.md, "How the book tests its claims"):
+    no private copies of mean/s.e./separation helpers, and every seed list comes from
+    rlkit.utils.seeds, so that RLKIT_SEED_BASE moves all of them."""
+    nb = nbformat.read(str(path), as_version=4)
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    private = re.findall(r"^\s*def (mean_se|fmt|separated|above)\(", code, flags=re.M)
+    assert not private, f"{path.name} defines its own {private}: use rlkit.stats (summary, compare, claim)"
+    for m in re.finditer(r"^\s*([A-Z][A-Z0-9_]*SEEDS)\s*=\s*(.+)$", code, flags=re.M):
+        name, rhs = m.groups()
+        assert "seeds(" in rhs or re.search(r"[A-Z_]*SEEDS\b", rhs), \
+            f"{path.name}: {name} = {rhs.strip()} is a literal seed list; use rlkit.utils.seeds(n)"
+
+
 def test_toc_and_lessons_agree():
     listed = set(_toc_files())
     for f in listed:
