@@ -112,8 +112,14 @@ def run_notebook(path: str | Path, seed_base: int = 0, kernel: str = "native", t
         out = Path(tmp) / "result.json"
         cmd = [sys.executable, "-m", "rlkit.robustness", "--_one", str(path.resolve()), str(out),
                "--timeout", str(timeout)]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout + 120)
-        if proc.returncode != 0 or not out.exists():
+        try:
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout + 120)
+        except subprocess.TimeoutExpired:
+            proc = None
+        if proc is None:
+            res = {"seconds": float(timeout + 120), "failures": [], "claims": [],
+                   "error": f"runner child did not finish within {timeout + 120} s"}
+        elif proc.returncode != 0 or not out.exists():
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
             res = {"seconds": float("nan"), "failures": [], "claims": [],
                    "error": f"runner child exited {proc.returncode}: {' | '.join(tail)}"}
