@@ -203,8 +203,8 @@ def format_table(results: list[dict]) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rlkit.robustness", description=__doc__.split("\n\n")[0])
     parser.add_argument("notebooks", nargs="*", help="chapters to run (.ipynb)")
-    parser.add_argument("--seed-bases", nargs="+", type=int, default=[0], metavar="N",
-                        help="values of RLKIT_SEED_BASE (default: 0)")
+    parser.add_argument("--seed-bases", nargs="+", type=int, default=None, metavar="N",
+                        help="values of RLKIT_SEED_BASE (default: the variable's value if set, else 0)")
     parser.add_argument("--kernels", nargs="+", default=["native"], choices=sorted(KERNELS),
                         help="kernel settings (default: native)")
     parser.add_argument("--jobs", type=int, default=1, help="variants run side by side (default 1)")
@@ -218,7 +218,11 @@ def main(argv=None) -> int:
         return 0
     if not args.notebooks:
         parser.error("name at least one notebook")
-    results = run(args.notebooks, args.seed_bases, args.kernels, args.jobs, args.timeout)
+    bases = args.seed_bases
+    if bases is None:
+        from .utils import seed_base
+        bases = [seed_base()]
+    results = run(args.notebooks, bases, args.kernels, args.jobs, args.timeout)
     print()
     print(format_table(results))
     if args.json:
