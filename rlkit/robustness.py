@@ -201,6 +201,10 @@ def format_table(results: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
+    """The command line: ``python -m rlkit.robustness NOTEBOOK... [--seed-bases N...] [--kernels K...]``.
+
+    Returns the exit code: 0 when every variant of every notebook ran without a failing cell, 1 otherwise.
+    """
     parser = argparse.ArgumentParser(prog="python -m rlkit.robustness", description=__doc__.split("\n\n")[0])
     parser.add_argument("notebooks", nargs="*", help="chapters to run (.ipynb)")
     parser.add_argument("--seed-bases", nargs="+", type=int, default=None, metavar="N",
