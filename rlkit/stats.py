@@ -392,7 +392,10 @@ class Claim:
 
     def line(self) -> str:
         """The one-line verdict a check cell shows."""
-        mark = "holds" if self.holds else "FAILS"
+        if self.asserted:
+            mark = "holds" if self.holds else "FAILS"
+        else:  # a report asserts nothing: say whether the interval separates the arms
+            mark = "separated" if self.comparison.separated else "not separated"
         verb = {"greater": ">", "less": "<", "differ": "≠", "equivalent": "≈", "not_separated": "~"}[self.kind]
         what = f"{self.arms[0]} {verb} {self.arms[1]}"
         p = "" if self.p_adjusted is None else f", Holm-adjusted p = {_fmt_p(self.p_adjusted)}"

@@ -37,9 +37,29 @@ class ClaimsLedgerDirective(SphinxDirective):
         return [claims_ledger("")]
 
 
-def claims_in_notebook(path: Path) -> list[dict]:
-    """The claim payloads of an executed notebook, each with the label of the section it sits in."""
-    nb = json.loads(Path(path).read_text(encoding="utf-8"))
+def executed_notebook(source: Path, build_dir: Path) -> dict | None:
+    """The executed form of the chapter ``source``: its outputs from the book's jupyter-cache
+    (``build_dir/.jupyter_cache``, where nbval's run or the build put them), else the notebook
+    myst-nb wrote to ``build_dir/jupyter_execute`` when it executed the chapter itself. (With
+    ``execute_notebooks: cache`` myst-nb writes the notebook *without* the cached outputs there.)"""
+    import nbformat
+
+    cache_dir = Path(build_dir) / ".jupyter_cache"
+    nb = nbformat.read(str(source), as_version=4)
+    if cache_dir.is_dir():
+        from jupyter_cache import get_cache
+        try:
+            _, merged = get_cache(str(cache_dir)).merge_match_into_notebook(nb)
+            return json.loads(nbformat.writes(merged))
+        except KeyError:
+            pass
+    return None
+
+
+def claims_in_notebook(path) -> list[dict]:
+    """The claim payloads of an executed notebook (a path or a notebook dict), each with the label
+    of the section it sits in."""
+    nb = path if isinstance(path, dict) else json.loads(Path(path).read_text(encoding="utf-8"))
     label = None
     out = []
     for cell in nb.get("cells", []):
@@ -66,11 +86,19 @@ def _collect(app, doctree):
     env = app.env
     if not hasattr(env, "rlkit_claims"):
         env.rlkit_claims = {}
-    executed = Path(app.outdir).parent / "jupyter_execute" / (env.docname + ".ipynb")
-    if Path(env.doc2path(env.docname)).suffix != ".ipynb" or not executed.exists():
+    source = Path(env.doc2path(env.docname))
+    if source.suffix != ".ipynb":
         env.rlkit_claims.pop(env.docname, None)
         return
-    env.rlkit_claims[env.docname] = claims_in_notebook(executed)
+    build_dir = Path(app.outdir).parent
+    nb = executed_notebook(source, build_dir)
+    if nb is None:
+        executed = build_dir / "jupyter_execute" / (env.docname + ".ipynb")
+        if not executed.exists():
+            env.rlkit_claims.pop(env.docname, None)
+            return
+        nb = json.loads(executed.read_text(encoding="utf-8"))
+    env.rlkit_claims[env.docname] = claims_in_notebook(nb)
 
 
 def _purge(app, env, docname):
@@ -154,7 +182,11 @@ def _table(app, fromdoc, docname, claims) -> nodes.table:
         if c.get("margin"):
             diff += f", margin {_fmt(c['margin'])}"
         p = _p(comp["p"]) + ("" if c.get("p_adjusted") is None else f" (Holm {_p(c['p_adjusted'])})")
-        verdict = ("holds" if c["holds"] else "FAILS") + ("" if c.get("asserted", True) else ", reported")
+        if c.get("asserted", True):
+            verdict = "holds" if c["holds"] else "FAILS"
+        else:  # reported, not asserted: say whether the interval separates, not pass/fail
+            sep = comp["lo"] > 0 or comp["hi"] < 0
+            verdict = ("separated" if sep else "not separated") + " (reported)"
         body += _row([para, arms, n, diff, p, verdict])
     group += body
     return table
