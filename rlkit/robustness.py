@@ -47,13 +47,14 @@ KERNELS: dict[str, dict[str, str | None]] = {
 
 def variant_env(seed_base: int, kernel: str, base: dict | None = None) -> dict[str, str]:
     """The environment a chapter runs in for one variant: ``base`` (default ``os.environ``) with
-    ``RLKIT_SEED_BASE`` and the kernel's variables set (or removed)."""
+    ``RLKIT_SEED_BASE`` and the kernel's variables set (or removed), and ``RLKIT_THREADS`` 1 unless set."""
     if isinstance(seed_base, bool) or not isinstance(seed_base, int) or seed_base < 0:
         raise ValueError(f"seed_base must be an int >= 0, got {seed_base!r}")
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {sorted(KERNELS)}, got {kernel!r}")
     env = dict(os.environ if base is None else base)
     env["RLKIT_SEED_BASE"] = str(seed_base)
+    env.setdefault("RLKIT_THREADS", "1")  # one torch thread per chapter, as the book runs them
     for k, v in KERNELS[kernel].items():
         if v is None:
             env.pop(k, None)
@@ -149,14 +150,8 @@ def run(paths, seed_bases=(0,), kernels=("native",), jobs: int = 1, timeout: int
             progress(_line(res))
         return res
 
-    env = os.environ.copy()
-    os.environ.setdefault("RLKIT_THREADS", "1")
-    try:
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            return list(pool.map(one, tasks))
-    finally:
-        os.environ.clear()
-        os.environ.update(env)
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(one, tasks))
 
 
 def _cell_text(res: dict) -> str:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -303,7 +304,7 @@ def compare(a, b, *, paired: bool | None = None, level: float = 0.95) -> Compari
     """
     level = _level(level)
     va, ka = _values(a, "a")
-    if not isinstance(b, (Mapping, str, bytes)) and not hasattr(b, "__len__") and not hasattr(b, "tolist"):
+    if isinstance(b, numbers.Real) or getattr(b, "ndim", None) == 0:  # a number, or a 0-d array/tensor
         ref = _finite(b, "b")
         if paired:
             raise ValueError("paired=True needs two arms; b is a number (a one-sample test)")

@@ -8,7 +8,7 @@ from rlkit import robustness as R
 def test_variant_env_sets_and_removes_kernel_variables():
     base = {"PATH": "/bin", "MKL_CBWR": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
     native = R.variant_env(1000, "native", base)
-    assert native == {"PATH": "/bin", "RLKIT_SEED_BASE": "1000"}
+    assert native == {"PATH": "/bin", "RLKIT_SEED_BASE": "1000", "RLKIT_THREADS": "1"}
     emu = R.variant_env(0, "emulated", base)
     assert emu["MKL_CBWR"] == "COMPATIBLE" and emu["ATEN_CPU_CAPABILITY"] == "default"
     assert base["MKL_CBWR"] == "AVX2"  # the caller's mapping is not changed

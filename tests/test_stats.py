@@ -142,6 +142,9 @@ def test_compare_against_scipy():
     assert (cp.lo, cp.hi) == pytest.approx(tuple(refp.confidence_interval(0.95)), rel=1e-9)
     one = stats.compare(a, 0.25)
     assert one.p == pytest.approx(sps.ttest_1samp(a, 0.25).pvalue, rel=1e-9)
+    assert stats.compare(a, np.float64(0.25)).p == one.p      # numpy and torch scalars are numbers too
+    import torch
+    assert stats.compare(a, torch.tensor(0.25, dtype=torch.float64)).p == one.p
 
 
 def test_compare_coverage_by_simulation():

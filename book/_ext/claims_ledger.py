@@ -38,10 +38,10 @@ class ClaimsLedgerDirective(SphinxDirective):
 
 
 def executed_notebook(source: Path, build_dir: Path) -> dict | None:
-    """The executed form of the chapter ``source``: its outputs from the book's jupyter-cache
-    (``build_dir/.jupyter_cache``, where nbval's run or the build put them), else the notebook
-    myst-nb wrote to ``build_dir/jupyter_execute`` when it executed the chapter itself. (With
-    ``execute_notebooks: cache`` myst-nb writes the notebook *without* the cached outputs there.)"""
+    """The chapter ``source`` with its outputs from the book's jupyter-cache (``build_dir/.jupyter_cache``,
+    where nbval's run or the build put them), or None when the cache has no match. (With
+    ``execute_notebooks: cache`` myst-nb writes the notebooks in ``build_dir/jupyter_execute``
+    *without* the cached outputs, so they cannot be read instead.)"""
     import nbformat
 
     cache_dir = Path(build_dir) / ".jupyter_cache"
