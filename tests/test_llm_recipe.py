@@ -15,7 +15,6 @@ from rlkit.llm.recipe import (
     evaluate_recipe,
     forbidden_addition,
     forbidden_cost,
-    mean_se,
     q_guidance,
     shield_processor,
     train_recipe,
@@ -146,9 +145,3 @@ def test_train_recipe_input_checks(lm):
     with pytest.raises(ValueError, match="judge"):
         train_recipe(model, tok, task, RLConfig(algo="ppo", steps=1), RecipeConfig(judges=("nope",)))
 
-
-def test_mean_se():
-    assert mean_se([1.0, 2.0, 3.0]) == (2.0, pytest.approx(1.0 / math.sqrt(3)))
-    m, s = mean_se([4.0])
-    assert m == 4.0 and math.isnan(s)
-    assert all(math.isnan(x) for x in mean_se([]))

@@ -69,20 +69,11 @@ def test_notebook_has_one_title_and_seeds_itself(path):
     assert "seed_everything(" in code, f"{path.name}: the notebook must seed itself (rlkit.utils.seed_everything)"
 
 
-#: Chapters still to be moved onto rlkit.stats and rlkit.utils.seeds (issue 18 stays open until this is empty).
-#: The test is a strict xfail for them, so it fails as soon as a chapter is converted and left listed here.
-NOT_YET_ON_THE_STANDARD = {
-    "24_pitfalls_recipe.ipynb": "issue 18: chapter 24 still has its own fmt/separated and a literal seed list",
-}
-
-
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_uses_the_shared_statistics_and_seed_switch(path):
     """One statistics module and one seed switch (book/setup.md, "How the book tests its claims"):
     no private copies of mean/s.e./separation helpers, and every seed list comes from
     rlkit.utils.seeds, so that RLKIT_SEED_BASE moves all of them."""
-    if path.name in NOT_YET_ON_THE_STANDARD:
-        pytest.xfail(NOT_YET_ON_THE_STANDARD[path.name])
     nb = nbformat.read(str(path), as_version=4)
     code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
     private = re.findall(r"^\s*def (mean_se|fmt|separated|above)\(", code, flags=re.M)

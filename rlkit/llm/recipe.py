@@ -65,8 +65,7 @@ from .tasks import Problem, Task, addition_problem, contains_answer, exact_match
 from .tokenizer import CharTokenizer
 
 __all__ = ["FORBIDDEN", "forbidden_cost", "forbidden_addition", "shield_processor", "ensemble_rewards",
-           "RewardCostQHead", "q_guidance", "RecipeConfig", "RecipeResult", "train_recipe", "evaluate_recipe",
-           "mean_se"]
+           "RewardCostQHead", "q_guidance", "RecipeConfig", "RecipeResult", "train_recipe", "evaluate_recipe"]
 
 #: The substrings a safe answer of :func:`forbidden_addition` must not contain.
 FORBIDDEN = ("13", "14")
@@ -423,15 +422,3 @@ def evaluate_recipe(model: nn.Module, tok: CharTokenizer, task: Task, problems: 
     return {"accuracy": out["accuracy"], "cost": float(task.score(resp, problems, "cost").mean()),
             "disagreement": float((sig > 0).float().mean()), "responses": resp}
 
-
-def mean_se(values) -> tuple[float, float]:
-    r"""Mean and standard error over seeds: :math:`(\bar x,\ s/\sqrt n)` with the sample deviation :math:`s`.
-
-    ``(x, nan)`` for one value; ``(nan, nan)`` for none. Chapter: 24_pitfalls_recipe.
-    """
-    v = np.asarray(list(values), dtype=float)
-    if v.size == 0:
-        return math.nan, math.nan
-    if v.size == 1:
-        return float(v[0]), math.nan
-    return float(v.mean()), float(v.std(ddof=1) / math.sqrt(v.size))
