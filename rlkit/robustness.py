@@ -22,6 +22,8 @@ Kernel settings:
 
 Seed bases set ``RLKIT_SEED_BASE`` (see :func:`rlkit.utils.seeds`). The runner is a tool for
 authors, not a CI step; ``--json`` keeps the full results, ``--jobs`` runs variants side by side.
+A run that stops on a cell timeout (``--timeout`` seconds per cell) or a dead kernel is run once
+more (``--retries``): nbclient sometimes waits forever on a widget cell whose kernel is idle.
 """
 from __future__ import annotations
 
@@ -99,7 +101,7 @@ def _execute_here(path: str, timeout: int) -> dict:
     return {"seconds": seconds, "failures": failures, "error": error, "claims": claims}
 
 
-def run_notebook(path: str | Path, seed_base: int = 0, kernel: str = "native", timeout: int = 900) -> dict:
+def run_notebook(path: str | Path, seed_base: int = 0, kernel: str = "native", timeout: int = 300) -> dict:
     """Execute ``path`` once under one variant, in a child process with that variant's environment.
 
     Returns ``{"notebook", "seed_base", "kernel", "seconds", "failures": [{"cell", "ename",
@@ -130,14 +132,23 @@ def run_notebook(path: str | Path, seed_base: int = 0, kernel: str = "native", t
     return res
 
 
-def run(paths, seed_bases=(0,), kernels=("native",), jobs: int = 1, timeout: int = 900,
-        progress=print) -> list[dict]:
-    """Run every notebook under every (seed base, kernel) variant; return the results."""
+def run(paths, seed_bases=(0,), kernels=("native",), jobs: int = 1, timeout: int = 300,
+        progress=print, retries: int = 1) -> list[dict]:
+    """Run every notebook under every (seed base, kernel) variant; return the results.
+
+    A variant whose run stopped with an error of its own (a cell that timed out, a dead kernel, a
+    child that did not finish) is run again, up to ``retries`` times: nbclient can wait forever for
+    the reply to a cell that displays ipywidgets although the kernel is idle (a known
+    nbclient/ipykernel race). A run whose cells merely fail is never run again. The result keeps
+    the errors of the runs it replaced under ``"retried"``.
+    """
     paths = [Path(p) for p in paths]
     if not paths:
         raise ValueError("paths must name at least one notebook")
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be an int >= 1, got {jobs!r}")
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"retries must be an int >= 0, got {retries!r}")
     for k in kernels:
         if k not in KERNELS:
             raise ValueError(f"kernels: {k!r} is not one of {sorted(KERNELS)}")
@@ -146,6 +157,13 @@ def run(paths, seed_bases=(0,), kernels=("native",), jobs: int = 1, timeout: int
     def one(task):
         p, b, k = task
         res = run_notebook(p, b, k, timeout)
+        replaced = []
+        while res.get("error") and len(replaced) < retries:
+            replaced.append(res["error"])
+            if progress is not None:
+                progress(_line(res) + "  -> running it again")
+            res = run_notebook(p, b, k, timeout)
+        res["retried"] = replaced
         if progress is not None:
             progress(_line(res))
         return res
@@ -155,11 +173,13 @@ def run(paths, seed_bases=(0,), kernels=("native",), jobs: int = 1, timeout: int
 
 
 def _cell_text(res: dict) -> str:
-    if res.get("error") and not res["failures"]:
-        return "ERROR"
+    again = f" (run {len(res['retried']) + 1} times)" if res.get("retried") else ""
+    cells = ",".join(str(f["cell"]) for f in res["failures"])
+    if res.get("error"):  # the run itself stopped (a timeout or a dead kernel), in the last failing cell if any
+        return "ERROR" + (f" in cells {cells}" if cells else "") + again
     if not res["failures"]:
-        return "ok"
-    return "cells " + ",".join(str(f["cell"]) for f in res["failures"])
+        return "ok" + again
+    return "cells " + cells + again
 
 
 def _line(res: dict) -> str:
@@ -207,7 +227,9 @@ def main(argv=None) -> int:
     parser.add_argument("--kernels", nargs="+", default=["native"], choices=sorted(KERNELS),
                         help="kernel settings (default: native)")
     parser.add_argument("--jobs", type=int, default=1, help="variants run side by side (default 1)")
-    parser.add_argument("--timeout", type=int, default=900, help="seconds per cell (default 900)")
+    parser.add_argument("--timeout", type=int, default=300, help="seconds per cell (default 300)")
+    parser.add_argument("--retries", type=int, default=1,
+                        help="runs again a variant that stopped on a timeout or a dead kernel (default 1)")
     parser.add_argument("--json", metavar="FILE", help="also write every result (with claims) to FILE")
     parser.add_argument("--_one", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -221,7 +243,7 @@ def main(argv=None) -> int:
     if bases is None:
         from .utils import seed_base
         bases = [seed_base()]
-    results = run(args.notebooks, bases, args.kernels, args.jobs, args.timeout)
+    results = run(args.notebooks, bases, args.kernels, args.jobs, args.timeout, retries=args.retries)
     print()
     print(format_table(results))
     if args.json:

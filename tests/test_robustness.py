@@ -51,3 +51,39 @@ def test_run_rejects_bad_arguments(tmp_path):
         R.run_notebook(tmp_path / "missing.ipynb")
     with pytest.raises(ValueError, match="kernels"):
         R.run([tmp_path / "x.ipynb"], kernels=("turbo",))
+
+
+def _toy(tmp_path, name, *sources):
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [nbformat.v4.new_markdown_cell("# toy")] + [nbformat.v4.new_code_cell(s) for s in sources]
+    path = tmp_path / name
+    nbformat.write(nb, str(path))
+    return path
+
+
+def test_a_run_that_hangs_is_run_again_and_a_failing_check_is_not(tmp_path):
+    # the first run of `hangs` sleeps past the per-cell timeout (as a cell does when nbclient loses the reply
+    # to a widget cell); the second finds the marker and passes. `fails` counts its runs: a failing check is
+    # deterministic and must be reported after one run.
+    marker, count = tmp_path / "ran-once", tmp_path / "runs"
+    hangs = _toy(tmp_path, "hangs.ipynb", "import pathlib, time\n"
+                 f"m = pathlib.Path({str(marker)!r})\n"
+                 "if not m.exists():\n    m.write_text('x')\n    time.sleep(60)")
+    fails = _toy(tmp_path, "fails.ipynb", "import pathlib\n"
+                 f"c = pathlib.Path({str(count)!r})\n"
+                 "c.write_text(c.read_text() + 'x' if c.exists() else 'x')",
+                 "assert False, 'a claim that does not hold'")
+    results = R.run([hangs, fails], timeout=5, progress=None, retries=1)
+    by = {r["notebook"]: r for r in results}
+    h, f = by[str(hangs)], by[str(fails)]
+    assert h["failures"] == [] and not h.get("error") and len(h["retried"]) == 1, h
+    assert "timed out" in h["retried"][0].lower() or "timeout" in h["retried"][0].lower(), h["retried"]
+    assert [x["cell"] for x in f["failures"]] == [2] and f["retried"] == [] and count.read_text() == "x"
+    assert "ok (run 2 times)" in R.format_table(results)
+    # without retries the hang is reported as an error
+    marker.unlink()
+    (r,) = R.run([hangs], timeout=5, progress=None, retries=0)
+    assert r["error"] and r["retried"] == [] and "ERROR" in R.format_table([r])
+    with pytest.raises(ValueError, match="retries"):
+        R.run([hangs], retries=-1)
