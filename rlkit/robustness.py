@@ -114,17 +114,19 @@ def run_notebook(path: str | Path, seed_base: int = 0, kernel: str = "native", t
     if not path.is_file() or path.suffix != ".ipynb":
         raise ValueError(f"path must be an existing .ipynb file, got {str(path)!r}")
     env = variant_env(seed_base, kernel)
+    # the whole run: a chapter's own minutes plus one stalled cell must fit (see the module's docstring)
+    limit = max(3 * timeout, timeout + 120)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         cmd = [sys.executable, "-m", "rlkit.robustness", "--_one", str(path.resolve()), str(out),
                "--timeout", str(timeout)]
         try:
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout + 120)
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=limit)
         except subprocess.TimeoutExpired:
             proc = None
         if proc is None:
-            res = {"seconds": float(timeout + 120), "failures": [], "claims": [],
-                   "error": f"runner child did not finish within {timeout + 120} s"}
+            res = {"seconds": float(limit), "failures": [], "claims": [],
+                   "error": f"runner child did not finish within {limit} s"}
         elif proc.returncode != 0 or not out.exists():
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
             res = {"seconds": float("nan"), "failures": [], "claims": [],
