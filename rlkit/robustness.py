@@ -22,11 +22,11 @@ Kernel settings:
 
 Seed bases set ``RLKIT_SEED_BASE`` (see :func:`rlkit.utils.seeds`). The runner is a tool for
 authors, not a CI step; ``--json`` keeps the full results, ``--jobs`` runs variants side by side.
-A run that stops on a cell timeout (``--timeout`` seconds per cell) or a dead kernel is run once
-more (``--retries``). Now and then nbclient does not notice a cell's reply until the cell's timeout
-has nearly run out, with the kernel idle all the while (seen on chapters 6 and 13, about one run in
-forty): the run then goes on and its results are right, only late by about ``--timeout`` seconds,
-which is why the default is 300 s per cell rather than nbclient's longer settings.
+Notebooks run through :func:`notebook_client`, which polls the kernel's channels in 1-second
+slices: with nbclient's one poll per cell, a missed wake-up of the asyncio poll held a finished
+cell, its kernel idle, until the cell's timeout ran out (seen on chapters 1, 6 and 13, about one
+run in twenty, and once in the student-edition test). A run that still stops on a cell timeout
+(``--timeout`` seconds per cell) or a dead kernel is run once more (``--retries``).
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-__all__ = ["KERNELS", "variant_env", "run_notebook", "run", "format_table", "main"]
+__all__ = ["KERNELS", "variant_env", "notebook_client", "run_notebook", "run", "format_table", "main"]
 
 #: The kernel settings the runner knows, each with the environment variables it sets (None removes one).
 KERNELS: dict[str, dict[str, str | None]] = {
@@ -68,14 +68,55 @@ def variant_env(seed_base: int, kernel: str, base: dict | None = None) -> dict[s
     return env
 
 
+def _sliced(get_msg, step: float = 1.0):
+    """``get_msg`` of a kernel client's channel, waiting in slices of ``step`` seconds.
+
+    nbclient waits for a cell's reply with one poll of the shell socket for the cell's whole
+    timeout (and for its outputs with one unbounded poll of the iopub socket). Now and then the
+    asyncio poll misses the socket's wake-up and returns only when that timeout runs out, with the
+    reply long since there. Polling in short slices re-checks the socket every ``step`` seconds, so a
+    missed wake-up costs at most ``step``; the overall deadline is the caller's, as before.
+    """
+    from queue import Empty
+
+    async def get(timeout=None):
+        deadline = None if timeout is None else time.monotonic() + float(timeout)
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                return await get_msg(timeout=step if left is None else min(step, left))
+            except Empty:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+
+    return get
+
+
+def notebook_client(nb, timeout: int = 300, **kwargs):
+    """An ``nbclient.NotebookClient`` for ``nb`` whose kernel channels are polled in 1-second slices.
+
+    Everything else is nbclient's (``kwargs`` are its options). The robustness runner and the
+    student-edition test execute notebooks through it; see :func:`_sliced` for why.
+    """
+    from nbclient import NotebookClient
+
+    client = NotebookClient(nb, timeout=timeout, **kwargs)
+
+    def patch(**_):
+        for channel in (client.kc.shell_channel, client.kc.iopub_channel):
+            channel.get_msg = _sliced(channel.get_msg)
+
+    client.on_notebook_start = patch
+    return client
+
+
 def _execute_here(path: str, timeout: int) -> dict:
     """Run one notebook in this process's environment (the child side of :func:`run_notebook`)."""
     import nbformat
-    from nbclient import NotebookClient
 
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=timeout, allow_errors=True, kernel_name="python3",
-                            resources={"metadata": {"path": str(Path(path).parent)}})
+    client = notebook_client(nb, timeout=timeout, allow_errors=True, kernel_name="python3",
+                             resources={"metadata": {"path": str(Path(path).parent)}})
     t0 = time.perf_counter()
     error = None
     try:

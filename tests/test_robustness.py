@@ -87,3 +87,53 @@ def test_a_run_that_hangs_is_run_again_and_a_failing_check_is_not(tmp_path):
     assert r["error"] and r["retried"] == [] and "ERROR" in R.format_table([r])
     with pytest.raises(ValueError, match="retries"):
         R.run([hangs], retries=-1)
+
+
+def test_channel_polls_are_sliced_so_a_missed_wakeup_costs_one_slice():
+    # a fake channel whose message is "there" from the third poll on: one poll of the whole timeout would
+    # block for all of it, the sliced poll asks again every step and returns at the third slice
+    import asyncio
+    import time
+    from queue import Empty
+
+    calls = []
+
+    async def get_msg(timeout=None):
+        calls.append(timeout)
+        if len(calls) < 3:
+            raise Empty
+        return {"msg": "reply"}
+
+    sliced = R._sliced(get_msg, step=0.01)
+    assert asyncio.run(sliced(timeout=60)) == {"msg": "reply"}
+    assert len(calls) == 3 and all(t <= 0.01 for t in calls), calls
+    calls.clear()
+    assert asyncio.run(sliced(timeout=None)) == {"msg": "reply"} and calls == [0.01] * 3
+
+    async def never(timeout=None):
+        await asyncio.sleep(timeout)
+        raise Empty
+
+    t0 = time.monotonic()
+    with pytest.raises(Empty):
+        asyncio.run(R._sliced(never, step=0.02)(timeout=0.1))
+    assert 0.09 < time.monotonic() - t0 < 1.0            # the caller's deadline, not a slice, ends the wait
+
+
+def test_notebook_client_wraps_both_channels(tmp_path):
+    nbformat_ = pytest.importorskip("nbformat")
+    nb = nbformat_.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [nbformat_.v4.new_code_cell("x = 1 + 1\nprint(x)")]
+    client = R.notebook_client(nb, timeout=60, kernel_name="python3")
+    seen = {}
+    original = client.on_notebook_start
+
+    def check(**kw):
+        original(**kw)
+        seen["names"] = [ch.get_msg.__qualname__ for ch in (client.kc.shell_channel, client.kc.iopub_channel)]
+
+    client.on_notebook_start = check
+    client.execute()
+    assert seen["names"] == ["_sliced.<locals>.get"] * 2, seen
+    assert nb.cells[0].outputs[0]["text"] == "2\n"
