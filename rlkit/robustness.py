@@ -96,7 +96,10 @@ def notebook_client(nb, timeout: int = 300, **kwargs):
     """An ``nbclient.NotebookClient`` for ``nb`` whose kernel channels are polled in 1-second slices.
 
     Everything else is nbclient's (``kwargs`` are its options). The robustness runner and the
-    student-edition test execute notebooks through it; see :func:`_sliced` for why.
+    student-edition test execute notebooks through it. Why: nbclient waits for a cell's reply with
+    one poll of the shell socket for the cell's whole timeout, and that asyncio poll sometimes
+    missed the wake-up, holding a finished cell until the timeout ran out; a poll in slices checks
+    the socket again every second.
     """
     from nbclient import NotebookClient
 
