@@ -18,19 +18,22 @@ def test_variant_env_sets_and_removes_kernel_variables():
         R.variant_env(-1, "native", base)
 
 
-def test_runner_finds_the_cells_that_fail_under_a_variant(tmp_path):
+def _toy(tmp_path, name, *sources):
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.cells = [
-        nbformat.v4.new_markdown_cell("# A claim that holds only on seed base 0"),
-        nbformat.v4.new_code_cell("import os\nfrom rlkit.utils import seeds\nSEEDS = seeds(3)"),
-        nbformat.v4.new_code_cell("assert SEEDS[0] == 0, f'tuned on seed 0, got {SEEDS}'"),
-        nbformat.v4.new_code_cell("assert os.environ.get('ATEN_CPU_CAPABILITY') != 'default', 'kernel-sensitive'"),
-        nbformat.v4.new_code_cell("from rlkit import stats\n"
-                                  "stats.claim('a beats b', [3, 4, 5, 4, 3], [0, 1, 0, 1, 0])"),
-    ]
-    path = tmp_path / "toy.ipynb"
+    nb.cells = [nbformat.v4.new_markdown_cell("# toy")] + [nbformat.v4.new_code_cell(s) for s in sources]
+    path = tmp_path / name
     nbformat.write(nb, str(path))
+    return path
+
+
+def test_runner_finds_the_cells_that_fail_under_a_variant(tmp_path):
+    # a claim that holds only on seed base 0, and one that holds only on native kernels
+    path = _toy(tmp_path, "toy.ipynb",
+                "import os\nfrom rlkit.utils import seeds\nSEEDS = seeds(3)",
+                "assert SEEDS[0] == 0, f'tuned on seed 0, got {SEEDS}'",
+                "assert os.environ.get('ATEN_CPU_CAPABILITY') != 'default', 'kernel-sensitive'",
+                "from rlkit import stats\nstats.claim('a beats b', [3, 4, 5, 4, 3], [0, 1, 0, 1, 0])")
     results = R.run([path], seed_bases=(0, 1000), kernels=("native", "emulated"), jobs=2, timeout=120,
                     progress=None)
     by = {(r["seed_base"], r["kernel"]): r for r in results}
@@ -53,18 +56,9 @@ def test_run_rejects_bad_arguments(tmp_path):
         R.run([tmp_path / "x.ipynb"], kernels=("turbo",))
 
 
-def _toy(tmp_path, name, *sources):
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.cells = [nbformat.v4.new_markdown_cell("# toy")] + [nbformat.v4.new_code_cell(s) for s in sources]
-    path = tmp_path / name
-    nbformat.write(nb, str(path))
-    return path
-
-
 def test_a_run_that_hangs_is_run_again_and_a_failing_check_is_not(tmp_path):
-    # the first run of `hangs` sleeps past the per-cell timeout (as a cell does when nbclient loses the reply
-    # to a widget cell); the second finds the marker and passes. `fails` counts its runs: a failing check is
+    # the first run of `hangs` sleeps past the per-cell timeout (a run that stops on a timeout); the second
+    # finds the marker and passes. `fails` counts its runs: a failing check is
     # deterministic and must be reported after one run.
     marker, count = tmp_path / "ran-once", tmp_path / "runs"
     hangs = _toy(tmp_path, "hangs.ipynb", "import pathlib, time\n"
@@ -121,10 +115,7 @@ def test_channel_polls_are_sliced_so_a_missed_wakeup_costs_one_slice():
 
 
 def test_notebook_client_wraps_both_channels(tmp_path):
-    nbformat_ = pytest.importorskip("nbformat")
-    nb = nbformat_.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.cells = [nbformat_.v4.new_code_cell("x = 1 + 1\nprint(x)")]
+    nb = nbformat.read(str(_toy(tmp_path, "two.ipynb", "x = 1 + 1\nprint(x)")), as_version=4)
     client = R.notebook_client(nb, timeout=60, kernel_name="python3")
     seen = {}
     original = client.on_notebook_start
@@ -136,4 +127,4 @@ def test_notebook_client_wraps_both_channels(tmp_path):
     client.on_notebook_start = check
     client.execute()
     assert seen["names"] == ["_sliced.<locals>.get"] * 2, seen
-    assert nb.cells[0].outputs[0]["text"] == "2\n"
+    assert nb.cells[1].outputs[0]["text"] == "2\n"
