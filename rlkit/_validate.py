@@ -25,7 +25,7 @@ FloatOrTensor = float | Tensor
 __all__ = [
     "layout",
     "real_list",
-    "int_in_range",
+    "int_in",
     "real_in",
     "instance_of",
     "nonempty_str",
@@ -43,11 +43,8 @@ __all__ = [
     "prompt_batch",
     "float_tensor",
     "same_layout",
-    "in_unit_interval",
     "scalar_or_like",
     "check_mask",
-    "positive_int",
-    "finite_float",
     "choice",
     "boolean",
     "config_field",
@@ -58,7 +55,6 @@ __all__ = [
     "validate_fields",
     "ValidatedConfig",
     "matching_floats",
-    "all_finite",
     "finite_per_row",
     "bool_flags",
     "floating_dtype",
@@ -69,13 +65,10 @@ __all__ = [
     "radius",
     "exact_shape",
     "distribution",
-    "bool_mask",
     "same_kind",
     "tensor_in",
     "probabilities",
-    "ordered",
     "tuple_of",
-    "int_range_field",
     "has_method",
     "per_batch",
     "shared_or_batched",
@@ -116,19 +109,6 @@ def same_layout(ref: Tensor, ref_name: str, x: Tensor, name: str,
     return same_kind(x, name, ref, ref_name)
 
 
-def in_unit_interval(x: Tensor, name: str, lo: float = 0.0, hi: float = 1.0) -> Tensor:
-    """Check ``lo <= x <= hi`` elementwise (NaN fails too). One pass over ``x``."""
-    if x.numel() == 0:
-        return x
-    mn, mx = torch.aminmax(x.detach())
-    mn, mx = float(mn), float(mx)
-    if not (mn >= lo and mx <= hi):  # written so that NaN fails
-        raise ValueError(
-            f"{name} must lie in [{lo}, {hi}], found values in [{mn}, {mx}]"
-        )
-    return x
-
-
 def _real_number(x, name: str) -> float:
     """``x`` (a real Python number or a one-element tensor, not a bool) as a float."""
     if isinstance(x, torch.Tensor):
@@ -138,15 +118,6 @@ def _real_number(x, name: str) -> float:
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(x).__name__}")
     x = float(x)
-    return x
-
-
-def finite_float(x, name: str, lo: float = -float("inf"), hi: float = float("inf"),
-                 lo_open: bool = False) -> float:
-    """Check that ``x`` is a real Python/0-dim number in the given range and return it as float."""
-    x = _real_number(x, name)
-    if not _inside(x, x, lo, hi, lo_open, False):
-        raise ValueError(f"{name} must lie in {_interval(lo, hi, lo_open, False)}, got {x}")
     return x
 
 
@@ -174,14 +145,15 @@ def scalar_or_like(x, name: str, ref: Tensor, ref_name: str,
                 f"got dtype {x.dtype}"
             )
         same_layout(ref, ref_name, x, name)
-        return in_unit_interval(x, name, lo, hi)
-    return finite_float(x, name, lo, hi)
+        return tensor_in(x, name, lo, hi)
+    return real_in(x, name, lo, hi)
 
 
-def check_mask(mask, ref: Tensor, ref_name: str, name: str = "mask") -> Tensor | None:
+def check_mask(mask, ref: Tensor, ref_name: str, name: str = "mask", *, as_bool: bool = False) -> Tensor | None:
     """Validate a mask of real tokens/steps: same shape and device as ``ref``, values in {0, 1}.
 
-    Returns the mask converted to ``ref``'s dtype (``None`` stays ``None``).
+    Returns the mask converted to ``ref``'s dtype, or to a bool tensor with ``as_bool``
+    (``None`` stays ``None``).
     """
     if mask is None:
         return None
@@ -196,21 +168,12 @@ def check_mask(mask, ref: Tensor, ref_name: str, name: str = "mask") -> Tensor |
     if mask.device != ref.device:
         raise ValueError(f"{name} is on {mask.device} but {ref_name} is on {ref.device}")
     if mask.dtype == torch.bool:
-        return mask.to(ref.dtype)
+        return mask if as_bool else mask.to(ref.dtype)
     if mask.is_complex():
         raise TypeError(f"{name} must be bool or real, got {mask.dtype}")
     if mask.numel() and not bool(((mask == 0) | (mask == 1)).all()):
         raise ValueError(f"{name} must hold only 0 and 1 (or be a bool tensor)")
-    return mask.to(ref.dtype)
-
-
-def positive_int(x, name: str, minimum: int = 1) -> int:
-    """Check that ``x`` is an integer >= ``minimum``."""
-    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(x).__name__}")
-    if x < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {x}")
-    return int(x)
+    return mask > 0 if as_bool else mask.to(ref.dtype)
 
 
 def choice(x, name: str, options: Sequence[str]) -> str:
@@ -231,13 +194,6 @@ def matching_floats(*, min_dim: int = 1, **tensors: Tensor) -> Tensor:
     return ref
 
 
-def all_finite(x: Tensor, name: str) -> Tensor:
-    """Check that every entry of a tensor is finite (no NaN, no +-inf). One pass over ``x``."""
-    if not bool(torch.isfinite(x).all()):
-        raise ValueError(f"{name} must be finite, got a tensor holding NaN or inf")
-    return x
-
-
 def finite_per_row(x, name: str, ref: Tensor, ref_name: str) -> Tensor:
     """A finite value per row of ``ref`` (shape ``ref.shape[:-1]``): a tensor of that shape, or a
     number used for every row. Returned as a tensor with ``ref``'s dtype and device."""
@@ -245,7 +201,7 @@ def finite_per_row(x, name: str, ref: Tensor, ref_name: str) -> Tensor:
     if isinstance(x, torch.Tensor) and x.dim() > 0:
         float_tensor(x, name, min_dim=0)
         same_layout(ref, ref_name, x, name, shape=rows)
-        return all_finite(x, name)
+        return tensor_in(x, name)
     return torch.full(rows, real_in(x, name), dtype=ref.dtype, device=ref.device)
 
 
@@ -286,20 +242,33 @@ def has_categories(logits: Tensor, name: str) -> Tensor:
     return logits
 
 
-def int_in_range(x, name: str, lo: int, hi: int) -> int:
-    """Check that ``x`` is an integer (not a bool) with ``lo <= x <= hi``; return it as ``int``."""
+def int_in(x, name: str, lo: int = 1, hi: float = math.inf) -> int:
+    """Check that ``x`` is an integer (not a bool) with ``lo <= x <= hi``; return it as ``int``.
+
+    The default range is the positive integers; ``int_in(n, "n", 0)`` accepts zero too.
+    """
     if isinstance(x, bool) or not isinstance(x, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(x).__name__}")
-    if not lo <= x <= hi:
+    if hi == math.inf:
+        if x < lo:
+            raise ValueError(f"{name} must be >= {lo}, got {x}")
+    elif not lo <= x <= hi:
         raise ValueError(f"{name} must be an int in [{lo}, {hi}], got {x}")
     return int(x)
 
 
-def real_in(x, name: str, lo: float = -float("inf"), hi: float = float("inf"), *,
-            lo_open: bool = False, hi_open: bool = False) -> float:
-    """Check that ``x`` is a FINITE real number (NaN and infinities fail) in the given interval."""
+def real_in(x, name: str, lo: float = -math.inf, hi: float = math.inf, *,
+            lo_open: bool = False, hi_open: bool = False, allow_inf: bool = False) -> float:
+    """Check that ``x`` is a real number in the given interval; return it as a float.
+
+    ``x`` must be FINITE (NaN and infinities fail) unless ``allow_inf``, which lets an infinite
+    ``x`` through when the interval holds it (say ``max_kl=math.inf`` for "no limit"); NaN always fails.
+    """
     x = _real_number(x, name)
-    if not (math.isfinite(x) and _inside(x, x, lo, hi, lo_open, hi_open)):
+    if allow_inf:
+        if not _inside(x, x, lo, hi, lo_open, hi_open):
+            raise ValueError(f"{name} must be a number in {_interval(lo, hi, lo_open, hi_open)}, got {x}")
+    elif not (math.isfinite(x) and _inside(x, x, lo, hi, lo_open, hi_open)):
         raise ValueError(f"{name} must be a finite number in {_interval(lo, hi, lo_open, hi_open)}, got {x}")
     return x
 
@@ -394,9 +363,12 @@ def feature_tensor(x, name: str, size: int, like: Tensor | None = None) -> Tenso
     return x
 
 
-def fits(x: int, name: str, limit: int, limit_name: str) -> int:
-    """Check that a size ``x`` (a length, a count) is at most ``limit``, which ``limit_name`` names."""
-    if x > limit:
+def fits(x, name: str, limit, limit_name: str, strict: bool = False):
+    """Check ``x <= limit`` (``x < limit`` with ``strict``): a size under a limit, or the two ends of
+    a range (``fits(lo, "lo", hi, "hi")``); ``limit_name`` names the limit."""
+    if strict and not x < limit:
+        raise ValueError(f"{name} is {x}, not less than {limit_name} ({limit})")
+    if not x <= limit:
         raise ValueError(f"{name} is {x}, more than {limit_name} ({limit})")
     return x
 
@@ -423,9 +395,11 @@ def number_field(default, lo: float = -math.inf, hi: float = math.inf, *, lo_ope
     return config_field(default, real_in, lo, hi, lo_open=lo_open, hi_open=hi_open, optional=optional)
 
 
-def int_field(default, minimum: int = 1, *, optional: bool = False):
-    """A config field holding an int ``>= minimum`` (:func:`positive_int`)."""
-    return config_field(default, positive_int, minimum, optional=optional)
+def int_field(default, lo: int = 1, hi: float = math.inf, *, optional: bool = False, minimum: int | None = None):
+    """A config field holding an int in ``[lo, hi]`` (:func:`int_in`; by default a positive int)."""
+    if minimum is not None:  # TODO(0.3): remove once rl.py is rewritten (it still passes minimum=)
+        lo = minimum
+    return config_field(default, int_in, lo, hi, optional=optional)
 
 
 def choice_field(default, options: Sequence, *, optional: bool = False):
@@ -552,12 +526,6 @@ def distribution(x, name: str, what: str = "", shape: Sequence[int] | None = Non
     return x
 
 
-def bool_mask(mask, ref: Tensor, ref_name: str, name: str = "mask") -> Tensor | None:
-    """:func:`check_mask`, returned as a bool tensor (``None`` stays ``None``)."""
-    m = check_mask(mask, ref, ref_name, name)
-    return None if m is None else m > 0
-
-
 def dict_keys(x, name: str, required: Sequence[str], optional: Sequence[str] = ()) -> dict:
     """Check that ``x`` is a dict holding every ``required`` key and no key outside ``optional``."""
     instance_of(x, name, dict)
@@ -664,7 +632,7 @@ def prompt_batch(ids, mask, n: int | None = None, ids_name: str = "prompt_ids",
     is given) and ``mask`` None or a LEFT-padded bool ``[B, P]``. Returns ``(ids, mask)``, with an
     all-True mask for None."""
     index_tensor(ids, ids_name, dim=2, n=n)
-    positive_int(ids.shape[1], f"the prompt length {ids_name}.shape[1]")
+    int_in(ids.shape[1], f"the prompt length {ids_name}.shape[1]")
     if mask is None:
         return ids, torch.ones_like(ids, dtype=torch.bool)
     bool_tensor(mask, mask_name, ids, ids_name)
@@ -684,13 +652,15 @@ def tensor_in(x: Tensor, name: str, lo: float = -math.inf, hi: float = math.inf,
               hi_open: bool = False) -> Tensor:
     """Check that every entry of the tensor ``x`` is FINITE and in the interval (NaN and inf fail).
 
-    One fused reduction (``torch.aminmax``); an empty tensor passes.
+    ``tensor_in(x, "x")`` checks only that ``x`` is finite; ``tensor_in(p, "p", 0.0, 1.0)`` checks
+    probabilities. One fused reduction (``torch.aminmax``); an empty tensor passes.
     """
     if x.numel():
         mn, mx = (float(v) for v in torch.aminmax(x.detach()))
         if not (math.isfinite(mn) and math.isfinite(mx) and _inside(mn, mx, lo, hi, lo_open, hi_open)):
-            raise ValueError(f"{name} must hold finite numbers in {_interval(lo, hi, lo_open, hi_open)}, "
-                             f"found values in [{mn}, {mx}]")
+            where = "" if (lo, hi) == (-math.inf, math.inf) else f" in {_interval(lo, hi, lo_open, hi_open)}"
+            what = "must hold finite numbers" + where if where else "must be finite"
+            raise ValueError(f"{name} {what}, found values in [{mn}, {mx}]")
     return x
 
 
@@ -708,12 +678,6 @@ def probabilities(x, name: str, atol: float = 1e-6) -> tuple:
     return tuple(p)
 
 
-def ordered(lo, lo_name: str, hi, hi_name: str, strict: bool = False) -> None:
-    """Check ``lo <= hi`` (``lo < hi`` with ``strict``): two arguments that bound a range."""
-    if not (lo < hi if strict else lo <= hi):
-        raise ValueError(f"{lo_name} ({lo}) must be {'<' if strict else '<='} {hi_name} ({hi})")
-
-
 def tuple_of(x, name: str, cls, what: str | None = None) -> tuple:
     """A list or tuple whose every item is an instance of ``cls``; returned as a tuple."""
     what = what or cls.__name__
@@ -721,11 +685,6 @@ def tuple_of(x, name: str, cls, what: str | None = None) -> tuple:
     for i, item in enumerate(x):
         instance_of(item, f"{name}[{i}]", cls, what)
     return tuple(x)
-
-
-def int_range_field(default, lo: int, hi: int, *, optional: bool = False):
-    """A config field holding an int in ``[lo, hi]`` (:func:`int_in_range`)."""
-    return config_field(default, int_in_range, lo, hi, optional=optional)
 
 
 def has_method(x, name: str, method: str):
@@ -774,3 +733,35 @@ def unused(x, name: str, when: str) -> None:
 
 
 # --- end of validators: add new checks above this line ---
+
+
+# Deprecated spellings, kept only for the modules being rewritten (rlkit/llm/rl.py, rlkit/llm/hf.py and
+# rlkit/tabular.py); use int_in and tensor_in.
+def positive_int(x, name: str, minimum: int = 1) -> int:  # TODO(0.3): remove once rl.py is rewritten
+    """Deprecated: :func:`int_in` ``(x, name, minimum)``."""
+    return int_in(x, name, minimum)
+
+
+int_in_range = int_in  # TODO(0.3): remove once tabular.py is split (and hf.py rewritten)
+
+
+def all_finite(x: Tensor, name: str) -> Tensor:  # TODO(0.3): remove once tabular.py is split
+    """Deprecated: :func:`tensor_in` ``(x, name)``."""
+    return tensor_in(x, name)
+
+
+# Old spellings still used outside rlkit/llm until the next commit renames them there.
+def finite_float(x, name, lo=-math.inf, hi=math.inf, lo_open=False):  # noqa: D103
+    return real_in(x, name, lo, hi, lo_open=lo_open, allow_inf=True)
+
+
+def in_unit_interval(x, name, lo=0.0, hi=1.0):  # noqa: D103
+    return tensor_in(x, name, lo, hi)
+
+
+def bool_mask(mask, ref, ref_name, name="mask"):  # noqa: D103
+    return check_mask(mask, ref, ref_name, name, as_bool=True)
+
+
+def ordered(lo, lo_name, hi, hi_name, strict=False):  # noqa: D103
+    fits(lo, lo_name, hi, hi_name, strict)

@@ -99,7 +99,7 @@ def save_checkpoint(model: GPT, tok: CharTokenizer, path, meta: dict | None = No
     state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()
              if k != "lm_head.weight"}                       # tied to wte.weight: stored once
     for k, v in state.items():
-        V.all_finite(v, f"the model's {k}")
+        V.tensor_in(v, f"the model's {k}")
     pt, js = _paths(path)
     pt.parent.mkdir(parents=True, exist_ok=True)
     torch.save(state, pt)
@@ -130,7 +130,7 @@ def _read_json(js: Path, check_hash: bool) -> tuple[dict, GPTConfig, CharTokeniz
     except (ValueError, RecursionError) as err:                 # JSONDecodeError, UnicodeDecodeError
         raise CheckpointError(f"{js} is not valid JSON ({str(err)[:200]}); {_HINT}") from None
     _entry(js, "JSON", V.dict_keys, info, js.name, _KEYS, ("meta",))
-    version = _entry(js, "format_version", V.int_in_range, info["format_version"], "format_version",
+    version = _entry(js, "format_version", V.int_in, info["format_version"], "format_version",
                      1, FORMAT_VERSION)
     if version == 1 and check_hash:
         raise CheckpointError(
@@ -144,7 +144,7 @@ def _read_json(js: Path, check_hash: bool) -> tuple[dict, GPTConfig, CharTokeniz
     if tok.vocab_size != cfg.vocab_size:
         raise CheckpointError(f"{js}: the tokenizer has {tok.vocab_size} tokens but model_config.vocab_size "
                               f"is {cfg.vocab_size}")
-    n = _entry(js, "n_params", V.positive_int, info["n_params"], "n_params")
+    n = _entry(js, "n_params", V.int_in, info["n_params"], "n_params")
     if n != cfg.num_params():
         raise CheckpointError(f"{js}: n_params is {n} but model_config gives {cfg.num_params()} parameters")
     if version >= 2:

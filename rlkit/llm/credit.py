@@ -167,7 +167,7 @@ def kl_token_rewards(logp: Tensor, logp_ref: Tensor, mask, beta: float, rewards:
     m = response_mask(mask, logp, "logp")
     beta = V.real_in(beta, "beta", 0.0)
     out = -beta * (_zero_pad(logp, m) - _zero_pad(logp_ref, m))
-    V.all_finite(_zero_pad(out, m), "the log-probs at real tokens")
+    V.tensor_in(_zero_pad(out, m), "the log-probs at real tokens")
     if rewards is not None:
         if logp.dim() != 2:
             raise ValueError(f"with rewards, logp must be [N, T], got shape {tuple(logp.shape)}")
@@ -237,7 +237,7 @@ def value_targets(rewards: Tensor, values: Tensor, mask, kind: str = "gae", *, g
     nv = _next_values(v, m)
     lam = V.real_in(lam, "lam", 0.0, 1.0)
     if kind == "nstep":
-        out = n_step_returns(r, disc, nv, V.positive_int(n, "n"))
+        out = n_step_returns(r, disc, nv, V.int_in(n, "n"))
     elif kind == "lambda":
         out = lambda_returns(r, disc, nv, lam)
     elif kind == "mc":
@@ -404,8 +404,8 @@ def mc_prefix_values(model, tok: CharTokenizer, task: Task, problems: Sequence[P
     V.instance_of(task, "task", Task)
     problems, prefixes = list(problems), V.str_list(list(prefixes), "prefixes")
     V.same_length(problems, "problems", prefixes, "prefixes")
-    k = V.positive_int(k, "k", minimum=2)
-    batch_rows = V.positive_int(batch_rows, "batch_rows")
+    k = V.int_in(k, "k", 2)
+    batch_rows = V.int_in(batch_rows, "batch_rows")
     fn = (task.token_checkers if token_checker else task.checkers).get(checker)
     if fn is None:
         kind = "token checker" if token_checker else "checker"
@@ -496,7 +496,7 @@ class HiddenValueHead(nn.Module):
         if self.freeze_body:
             for p in lm.parameters():
                 p.requires_grad_(False)
-        self.head = nn.Linear(V.positive_int(hidden_size, "hidden_size"), 1)
+        self.head = nn.Linear(V.int_in(hidden_size, "hidden_size"), 1)
         nn.init.zeros_(self.head.weight)
         nn.init.constant_(self.head.bias, V.real_in(init, "init"))
 

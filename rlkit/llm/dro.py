@@ -110,7 +110,7 @@ def group_mixture(groups: dict, mix: dict, name: str = "addition-mix", max_new_t
 def group_problems(groups: dict, n: int, seed: int = 0, split: str = "test") -> dict:
     """``{group: n problems of that group from split}`` (fixed evaluation sets). Chapter: 19_robust_prompts."""
     V.instance_of(groups, "groups", dict)
-    V.positive_int(n, "n")
+    V.int_in(n, "n")
     out = {}
     for k, g in enumerate(sorted(groups)):
         task = Task(f"group-{g}", groups[g], max_new_tokens=5)
@@ -154,7 +154,7 @@ def dro_prompt_weights(rewards: torch.Tensor, group_size: int, groups: Sequence[
     Chapter: 19_robust_prompts.
     """
     V.float_tensor(rewards, "rewards")
-    V.positive_int(group_size, "group_size")
+    V.int_in(group_size, "group_size")
     V.choice(method, "method", DRO_METHODS)
     N = rewards.shape[0]
     V.divisible(N, "len(rewards)", group_size, "group_size")
@@ -228,7 +228,7 @@ def train_dro(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig, *
     hist = {"reward": [], "train_seconds": [], "group_share": []}
     weights_log: list = []
     evals: dict = {"step": [], **{g: [] for g in names}}
-    every = cfg.steps if eval_every is None else V.positive_int(eval_every, "eval_every")
+    every = cfg.steps if eval_every is None else V.int_in(eval_every, "eval_every")
 
     def run_eval(step):
         if not eval_groups:

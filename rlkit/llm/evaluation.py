@@ -52,8 +52,8 @@ def evaluate(model, tok: CharTokenizer, task: Task, problems: Sequence[Problem],
     V.instance_of(tok, "tok", CharTokenizer)
     V.instance_of(task, "task", Task)
     V.instance_of(problems, "problems", (list, tuple), "list of Problem")
-    V.positive_int(len(problems), "len(problems)")
-    V.positive_int(batch_size, "batch_size")
+    V.int_in(len(problems), "len(problems)")
+    V.int_in(batch_size, "batch_size")
     was_training = getattr(model, "training", False)
     if hasattr(model, "eval"):
         model.eval()

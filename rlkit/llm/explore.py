@@ -80,7 +80,7 @@ def pass_at_k(n, c, k: int) -> torch.Tensor:
         ``[...]`` float64 tensor in ``[0, 1]`` (a 0-d tensor for int inputs; an empty input gives
         an empty result). Chapter: 22_exploration_diversity.
     """
-    k = V.positive_int(k, "k")
+    k = V.int_in(k, "k")
     n_t = torch.as_tensor(n)
     c_t = torch.as_tensor(c)
     for x, name in ((n_t, "n"), (c_t, "c")):
@@ -132,11 +132,11 @@ def distinct_correct(responses: Sequence[str], correct, group_size: int, k: int 
         ``[P]`` float64 tensor. Chapter: 22_exploration_diversity.
     """
     responses = V.str_list(responses, "responses")
-    n = V.positive_int(group_size, "group_size")
+    n = V.int_in(group_size, "group_size")
     c = _flags(correct, "correct", len(responses))
     V.divisible(len(responses), "len(responses)", n, "group_size")
     if k is not None:
-        V.int_in_range(k, "k", 1, n)
+        V.int_in(k, "k", 1, n)
     out = []
     for g in range(len(responses) // n):
         counts = Counter(r for r, ok in zip(responses[g * n:(g + 1) * n], c[g * n:(g + 1) * n].tolist()) if ok)
@@ -176,7 +176,7 @@ def group_diversity_bonus(responses: Sequence[str], correct, group_size: int,
         ``[N]`` float32 in ``[0, 1]`` (empty for ``N = 0``). Chapter: 22_exploration_diversity.
     """
     responses = V.str_list(responses, "responses")
-    m = V.positive_int(group_size, "group_size", minimum=2)
+    m = V.int_in(group_size, "group_size", 2)
     c = _flags(correct, "correct", len(responses))
     V.divisible(len(responses), "len(responses)", m, "group_size")
     V.instance_of(only_correct, "only_correct", bool)
@@ -209,8 +209,8 @@ class RunningMeanStd:
     """
 
     def __init__(self, shape: Sequence[int] = (), eps: float = 1e-8):
-        self.shape = tuple(V.positive_int(s, "a dimension of shape") for s in shape)
-        self.eps = V.finite_float(eps, "eps", 0.0)
+        self.shape = tuple(V.int_in(s, "a dimension of shape") for s in shape)
+        self.eps = V.real_in(eps, "eps", 0.0)
         self.mean = torch.zeros(self.shape, dtype=torch.float64)
         self.var = torch.zeros(self.shape, dtype=torch.float64)
         self.count = 0
@@ -224,7 +224,7 @@ class RunningMeanStd:
         b = flat.shape[0]
         if b == 0:
             return self
-        V.all_finite(flat, "x")
+        V.tensor_in(flat, "x")
         mb, vb = flat.mean(0).cpu(), flat.var(0, unbiased=False).cpu()
         n = self.count
         delta = mb - self.mean
@@ -280,18 +280,18 @@ class RND(nn.Module):
         if hidden_size is None:
             hidden_size = getattr(getattr(encoder, "config", None), "n_embd", None)
             V.given(hidden_size, "hidden_size", "the encoder has no config.n_embd")
-        d = V.positive_int(hidden_size, "hidden_size")
+        d = V.int_in(hidden_size, "hidden_size")
         self.encoder = encoder
         for p in encoder.parameters():
             p.requires_grad_(False)
         g = torch.random.fork_rng(devices=[])
         with g:
-            torch.manual_seed(V.positive_int(seed, "seed", minimum=0))
-            self.target = _mlp(d, V.positive_int(width, "width"), V.positive_int(out_dim, "out_dim"))
+            torch.manual_seed(V.int_in(seed, "seed", 0))
+            self.target = _mlp(d, V.int_in(width, "width"), V.int_in(out_dim, "out_dim"))
             self.predictor = _mlp(d, width, out_dim)
         for p in self.target.parameters():
             p.requires_grad_(False)
-        self.opt = torch.optim.Adam(self.predictor.parameters(), lr=V.finite_float(lr, "lr", 0.0, lo_open=True))
+        self.opt = torch.optim.Adam(self.predictor.parameters(), lr=V.real_in(lr, "lr", 0.0, lo_open=True))
         self.obs_rms = RunningMeanStd((d,))
         self.rew_rms = RunningMeanStd(())
 
@@ -340,7 +340,7 @@ class RND(nn.Module):
         z = self.features(ro)
         x = self._inputs(z, update_stats=False)
         loss = torch.zeros(())
-        for _ in range(V.positive_int(steps, "steps")):
+        for _ in range(V.int_in(steps, "steps")):
             loss = 0.5 * (self.predictor(x) - self.target(x)).pow(2).sum(-1).mean()
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -450,7 +450,7 @@ def train_explore(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfi
         V.is_callable(logits_processor, "logits_processor")
     if eval_fn is not None:
         V.is_callable(eval_fn, "eval_fn")
-    every = cfg.eval_every if eval_every is None else V.positive_int(eval_every, "eval_every")
+    every = cfg.eval_every if eval_every is None else V.int_in(eval_every, "eval_every")
     G = cfg.group_size
     params = list(model.parameters())
     dev = params[0].device
@@ -567,8 +567,8 @@ def sample_groups(model, tok: CharTokenizer, task: Task, problems: Sequence[Prob
     """
     V.instance_of(tok, "tok", CharTokenizer)
     V.instance_of(task, "task", Task)
-    n = V.positive_int(n, "n")
-    V.positive_int(len(problems), "len(problems)")
+    n = V.int_in(n, "n")
+    V.int_in(len(problems), "len(problems)")
     rows = [p for p in problems for _ in range(n)]
     dev = next(model.parameters()).device
     ids, mask = encode_prompts(rows, tok, dev)
@@ -586,8 +586,8 @@ def coverage_metrics(responses: Sequence[str], correct, n: int, ks: Sequence[int
     prompts is not a number). Chapter: 22_exploration_diversity.
     """
     responses = V.str_list(responses, "responses")
-    V.positive_int(len(responses), "len(responses)")
-    n = V.positive_int(n, "n")
+    V.int_in(len(responses), "len(responses)")
+    n = V.int_in(n, "n")
     V.divisible(len(responses), "len(responses)", n, "n")
     c = _flags(correct, "correct", len(responses)).view(-1, n)
     out: dict = {"prompts": c.shape[0]}
@@ -684,9 +684,9 @@ def facts_exact(model, tok: CharTokenizer, a_values: Sequence[int] = tuple(range
         Chapter: 22_exploration_diversity.
     """
     V.instance_of(tok, "tok", CharTokenizer)
-    a_values = [V.int_in_range(a, "an entry of a_values", 10, 99) for a in a_values]
-    V.positive_int(len(a_values), "len(a_values)")
-    ks = [V.positive_int(k, "an entry of ks") for k in ks]
+    a_values = [V.int_in(a, "an entry of a_values", 10, 99) for a in a_values]
+    V.int_in(len(a_values), "len(a_values)")
+    ks = [V.int_in(k, "an entry of ks") for k in ks]
     proc = facts_format(tok) if logits_processor is None else V.is_callable(logits_processor, "logits_processor")
     bs = list(range(10, 100))
     prompts = [f"{a}*" for a in a_values for _ in bs]

@@ -19,8 +19,8 @@ class TinyGRULM(nn.Module):
 
     def __init__(self, vocab_size: int, hidden: int = 64):
         super().__init__()
-        self.vocab_size = V.positive_int(vocab_size, "vocab_size", minimum=2)
-        V.positive_int(hidden, "hidden")
+        self.vocab_size = V.int_in(vocab_size, "vocab_size", 2)
+        V.int_in(hidden, "hidden")
         self.embed = nn.Embedding(vocab_size, hidden)
         self.gru = nn.GRU(hidden, hidden, batch_first=True)
         self.out = nn.Linear(hidden, vocab_size)

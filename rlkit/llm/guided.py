@@ -192,8 +192,8 @@ def random_token_tree(branching: int, depth: int, *, generator: torch.Generator 
         ``(logits, reward)``: ``logits[d]`` is ``[K^d, K]`` for ``d < D``; ``reward`` is ``[K^D]``,
         uniform in ``[0, 1]``. Chapter: 20_value_guided_decoding.
     """
-    K = V.positive_int(branching, "branching", minimum=2)
-    D = V.positive_int(depth, "depth")
+    K = V.int_in(branching, "branching", 2)
+    D = V.int_in(depth, "depth")
     if K ** D > 10 ** 6:
         raise ValueError(f"branching ** depth = {K ** D} leaves is too many to enumerate (at most 10**6)")
     scale = V.real_in(scale, "scale", 0.0)
@@ -204,7 +204,7 @@ def random_token_tree(branching: int, depth: int, *, generator: torch.Generator 
 
 def _tree(logits, reward=None):
     V.instance_of(logits, "logits", (list, tuple), "list of [K^d, K] tensors")
-    V.positive_int(len(logits), "len(logits)")
+    V.int_in(len(logits), "len(logits)")
     K = V.has_categories(logits[0], "logits[0]").shape[-1]
     for d, lg in enumerate(logits):
         V.float_tensor(lg, f"logits[{d}]", 2)
@@ -212,7 +212,7 @@ def _tree(logits, reward=None):
     if reward is not None:
         V.float_tensor(reward, "reward")
         V.exact_shape(reward, "reward", (K ** len(logits),), "(one reward per leaf)")
-        V.all_finite(reward, "reward")
+        V.tensor_in(reward, "reward")
     return K, len(logits)
 
 
@@ -238,7 +238,7 @@ def tree_values(logits: Sequence[Tensor], reward: Tensor, kind: str = "soft", be
     kind = V.choice(kind, "kind", TREE_VALUE_KINDS)
     beta = V.real_in(beta, "beta", 0.0, lo_open=True)
     if kind == "log_success":
-        V.in_unit_interval(reward, "reward")
+        V.tensor_in(reward, "reward", 0.0, 1.0)
         leaf = reward.log()
     else:
         leaf = reward.clone()
@@ -329,8 +329,8 @@ class SuccessCritic(nn.Module):
         V.given(vocab_size, "vocab_size", "lm has no config.vocab_size")
         V.given(n_embd, "n_embd", "lm has no config.n_embd")
         self._lm = [lm]                                   # a list: the frozen body is not a submodule
-        self.vocab_size = V.positive_int(vocab_size, "vocab_size")
-        self.head = nn.Sequential(nn.Linear(V.positive_int(n_embd, "n_embd"), V.positive_int(hidden, "hidden")),
+        self.vocab_size = V.int_in(vocab_size, "vocab_size")
+        self.head = nn.Sequential(nn.Linear(V.int_in(n_embd, "n_embd"), V.int_in(hidden, "hidden")),
                                   nn.GELU(), nn.Linear(hidden, self.vocab_size))
 
     @property
@@ -385,8 +385,8 @@ def fit_success_critic(critic: SuccessCritic, rollout: Rollout, rewards: Tensor,
     V.instance_of(rollout, "rollout", Rollout)
     V.float_tensor(rewards, "rewards")
     V.exact_shape(rewards, "rewards", (len(rollout),), "(one outcome per response)")
-    V.in_unit_interval(rewards, "rewards")
-    steps = V.positive_int(steps, "steps")
+    V.tensor_in(rewards, "rewards", 0.0, 1.0)
+    steps = V.int_in(steps, "steps")
     lr = V.real_in(lr, "lr", 0.0, lo_open=True)
     weight_decay = V.real_in(weight_decay, "weight_decay", 0.0)
     P, T = rollout.prompt_ids.shape[1], rollout.response_ids.shape[1]
@@ -442,7 +442,7 @@ class GuidedProcessor:
         self.log_success_fn = V.is_callable(log_success_fn, "log_success_fn")
         self.eta = _eta(eta)
         self.kind = V.choice(kind, "kind", GUIDANCE_KINDS)
-        self.top_k = None if top_k is None else V.positive_int(top_k, "top_k")
+        self.top_k = None if top_k is None else V.int_in(top_k, "top_k")
         self.top_p = None if top_p is None else V.real_in(top_p, "top_p", 0.0, 1.0, lo_open=True)
         self.critic_rows = 0
 
@@ -512,7 +512,7 @@ def guided_token_kl(model, rollout: Rollout, logits_processor=None, *, temperatu
 
 def _p_success(p) -> Tensor:
     V.float_tensor(p, "p_success")
-    V.in_unit_interval(p, "p_success")
+    V.tensor_in(p, "p_success", 0.0, 1.0)
     return p
 
 
@@ -555,6 +555,6 @@ def best_of_n_binary(p_success: Tensor, n: int) -> tuple[Tensor, Tensor]:
     Chapter: 20_value_guided_decoding.
     """
     p = _p_success(p_success)
-    n = V.positive_int(n, "n")
+    n = V.int_in(n, "n")
     a = 1 - (1 - p) ** n
     return a, _binary_kl(a, p)

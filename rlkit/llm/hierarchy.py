@@ -143,11 +143,11 @@ class Option:
     def __post_init__(self):
         V.nonempty_str(self.name, "name")
         V.nonempty_str(self.template, "template")
-        V.positive_int(self.arity, "arity")
-        V.positive_int(self.lo, "lo", minimum=0)
-        V.positive_int(self.hi, "hi", minimum=self.lo)
+        V.int_in(self.arity, "arity")
+        V.int_in(self.lo, "lo", 0)
+        V.int_in(self.hi, "hi", self.lo)
         V.is_callable(self.target, "target")
-        V.positive_int(self.max_new_tokens, "max_new_tokens")
+        V.int_in(self.max_new_tokens, "max_new_tokens")
 
     def can_start(self, args: Sequence) -> bool:
         r"""Whether ``args`` lie in the initiation set :math:`\mathcal I` (``arity`` ints in ``lo..hi``)."""
@@ -363,7 +363,7 @@ def run_plan(model, tok: CharTokenizer, problems: Sequence[Problem], planner: Ca
     V.instance_of(library, "library", SkillLibrary)
     if verifier is not None:
         V.is_callable(verifier, "verifier")
-    V.positive_int(attempts, "attempts")
+    V.int_in(attempts, "attempts")
     if attempts > 1 and verifier is None:
         raise ValueError(f"attempts={attempts} needs a verifier: without one the first answer is always kept")
     V.instance_of(greedy, "greedy", bool)
@@ -451,7 +451,7 @@ def response_probabilities(model, tok: CharTokenizer, prompts: Sequence[str], re
     V.str_list(prompts, "prompts")
     V.str_list(responses, "responses")
     V.same_length(prompts, "prompts", responses, "responses")
-    V.positive_int(batch_size, "batch_size")
+    V.int_in(batch_size, "batch_size")
     dev = _device_of(model)
     out = []
     for s in range(0, len(prompts), batch_size):
@@ -540,7 +540,7 @@ def verifier_rates(model, tok: CharTokenizer, option: Option, args: Sequence[tup
     V.instance_of(option, "option", Option)
     V.instance_of(args, "args", (list, tuple), "list of argument tuples")
     V.is_callable(verifier, "verifier")
-    V.positive_int(window, "window", minimum=0)
+    V.int_in(window, "window", 0)
     prompts, resp, owner, is_target = [], [], [], []
     for i, a in enumerate(args):
         a = tuple(a)
@@ -582,12 +582,12 @@ def retry_success(p, k, f=None) -> torch.Tensor:
         ``[...]`` float tensor of :math:`P_k`. Chapter: 23_plan_act_verify.
     """
     p = torch.as_tensor(p, dtype=torch.float64) if not isinstance(p, torch.Tensor) else p
-    V.in_unit_interval(p, "p")
-    V.positive_int(k, "k")
+    V.tensor_in(p, "p", 0.0, 1.0)
+    V.int_in(k, "k")
     if f is None:
         return 1 - (1 - p) ** k
     f = torch.as_tensor(f, dtype=p.dtype) if not isinstance(f, torch.Tensor) else f
-    V.in_unit_interval(f, "f")
+    V.tensor_in(f, "f", 0.0, 1.0)
     if f.shape != p.shape:
         raise ValueError(f"f must have the shape of p {tuple(p.shape)}, got {tuple(f.shape)}")
     s = p + f
@@ -612,12 +612,12 @@ class HierarchyConfig(V.ValidatedConfig):
     reward: str = V.choice_field("subgoal", ("subgoal", "final"))
     steps: int = V.int_field(40)
     prompts_per_step: int = V.int_field(8)
-    group_size: int = V.int_field(8, minimum=2)
+    group_size: int = V.int_field(8, 2)
     lr: float = V.number_field(1e-4, 0.0, lo_open=True)
     temperature: float = V.number_field(1.0, 0.0, lo_open=True)
     grad_clip: float | None = V.number_field(1.0, 0.0, lo_open=True, optional=True)
     eval_every: int = V.int_field(10)
-    seed: int = V.int_field(0, minimum=0)
+    seed: int = V.int_field(0, 0)
 
 
 @dataclass

@@ -100,7 +100,7 @@ class QHead(nn.Module):
     def __init__(self, lm: nn.Module, vocab_size: int):
         super().__init__()
         self.lm = lm
-        vocab_size = V.positive_int(vocab_size, "vocab_size")
+        vocab_size = V.int_in(vocab_size, "vocab_size")
         self.head = nn.Linear(vocab_size, vocab_size)
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
@@ -111,7 +111,7 @@ class QHead(nn.Module):
 
 def _as_lag(x, name: str) -> LagDistribution:
     V.instance_of(x, name, (LagDistribution, numbers.Integral), "LagDistribution or an int >= 0")
-    return x if isinstance(x, LagDistribution) else LagDistribution.fixed(V.positive_int(x, name, minimum=0))
+    return x if isinstance(x, LagDistribution) else LagDistribution.fixed(V.int_in(x, name, 0))
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ class LaggedConfig(V.ValidatedConfig):
     normalize: bool = V.bool_field(True)
     probe_every: int | None = V.int_field(None, optional=True)
     probe_rows: int = V.int_field(32)
-    probe_continuations: int = V.int_field(16, minimum=2)
+    probe_continuations: int = V.int_field(16, 2)
 
     def __post_init__(self):
         super().__post_init__()
@@ -283,7 +283,7 @@ def continuation_values(model, tok: CharTokenizer, task: Task, rollout: Rollout,
     Chapter: 16_offpolicy_multistep.
     """
     V.instance_of(rollout, "rollout", Rollout)
-    n = V.positive_int(n, "n")
+    n = V.int_in(n, "n")
     V.same_length(list(problems), "problems", list(range(len(rollout))), "rollout")
     dev = rollout.response_ids.device
     N, T = rollout.response_ids.shape

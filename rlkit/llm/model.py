@@ -64,11 +64,11 @@ class GPTConfig(V.ValidatedConfig):
     #: The largest parameter count a config may ask for (4 GB of float32 weights).
     MAX_PARAMS: ClassVar[int] = 10 ** 9
 
-    vocab_size: int = V.int_range_field(len(DEFAULT_CHARS) + 2, *LIMITS["vocab_size"])  # characters, <pad>, <eos>
-    block_size: int = V.int_range_field(32, *LIMITS["block_size"])  # longest prompt + response the model sees
-    n_layer: int = V.int_range_field(2, *LIMITS["n_layer"])
-    n_head: int = V.int_range_field(4, *LIMITS["n_head"])
-    n_embd: int = V.int_range_field(64, *LIMITS["n_embd"])
+    vocab_size: int = V.int_field(len(DEFAULT_CHARS) + 2, *LIMITS["vocab_size"])  # characters, <pad>, <eos>
+    block_size: int = V.int_field(32, *LIMITS["block_size"])  # longest prompt + response the model sees
+    n_layer: int = V.int_field(2, *LIMITS["n_layer"])
+    n_head: int = V.int_field(4, *LIMITS["n_head"])
+    n_embd: int = V.int_field(64, *LIMITS["n_embd"])
 
     def __post_init__(self):
         super().__post_init__()
@@ -92,8 +92,8 @@ class KVCache:
 
     def __init__(self, config: GPTConfig, batch: int, max_len: int, device=None, dtype=torch.float32):
         V.instance_of(config, "config", GPTConfig)
-        V.positive_int(batch, "batch", minimum=0)
-        V.int_in_range(max_len, "max_len", 1, config.block_size)
+        V.int_in(batch, "batch", 0)
+        V.int_in(max_len, "max_len", 1, config.block_size)
         hd = config.n_embd // config.n_head
         shape = (config.n_layer, batch, config.n_head, max_len, hd)
         self.k = torch.zeros(shape, device=device, dtype=dtype)

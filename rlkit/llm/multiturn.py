@@ -77,7 +77,7 @@ class RetryTask:
 
     def __init__(self, base: Task = ADDITION, max_turns: int = 3, feedback: str = "x", name: str | None = None):
         self.base = V.instance_of(base, "base", Task)
-        self.max_turns = V.positive_int(max_turns, "max_turns")
+        self.max_turns = V.int_in(max_turns, "max_turns")
         self.feedback = V.nonempty_str(feedback, "feedback")
         if "\n" in feedback:
             raise ValueError(f"feedback must not contain a newline (it is how <eos> is written), got {feedback!r}")
@@ -171,7 +171,7 @@ def episode_layout(segments: Sequence[tuple[Sequence[int], int]], pad_id: int = 
             if not (isinstance(seg, (tuple, list)) and len(seg) == 2):
                 raise TypeError(f"segments[{i}][{j}] must be a (tokens, turn) pair, got {seg!r}")
             t, k = seg
-            k = V.int_in_range(k, f"segments[{i}][{j}] turn", -1, 10 ** 6)
+            k = V.int_in(k, f"segments[{i}][{j}] turn", -1, 10 ** 6)
             t = [int(x) for x in t]
             toks += t
             turns += [k] * len(t)
@@ -413,7 +413,7 @@ def turn_advantages(returns: torch.Tensor, turn_mask: torch.Tensor, group_size: 
     if returns.dim() != 2:
         raise ValueError(f"returns must be [B, K], got shape {tuple(returns.shape)}")
     m = V.check_mask(turn_mask, returns, "returns", "turn_mask").to(returns.dtype)
-    V.positive_int(group_size, "group_size")
+    V.int_in(group_size, "group_size")
     V.choice(baseline, "baseline", ("loo", "mean", "none"))
     B, K = returns.shape
     if B % group_size:
@@ -498,7 +498,7 @@ class MultiTurnConfig(V.ValidatedConfig):
     grad_clip: float | None = V.number_field(1.0, 0.0, lo_open=True, optional=True)
     eval_every: int = V.int_field(10)
     eval_problems: int = V.int_field(256)
-    seed: int = V.int_field(0, minimum=0)
+    seed: int = V.int_field(0, 0)
 
 
 @dataclass
@@ -622,7 +622,7 @@ def retry_corpus(task: RetryTask, n: int, seed: int = 0, carry_forget: float = 0
         Chapter: 15_turns_as_steps.
     """
     V.instance_of(task, "task", RetryTask)
-    V.positive_int(n, "n", minimum=0)
+    V.int_in(n, "n", 0)
     V.real_in(carry_forget, "carry_forget", 0.0, 1.0)
     rng = random.Random(seed)
     out = []
@@ -659,8 +659,8 @@ def retry_warm_start(model, tok: CharTokenizer, task: RetryTask = RETRY_ADDITION
     Chapter: 15_turns_as_steps.
     """
     V.instance_of(tok, "tok", CharTokenizer)
-    V.positive_int(steps, "steps")
-    V.positive_int(batch_size, "batch_size")
+    V.int_in(steps, "steps")
+    V.int_in(batch_size, "batch_size")
     V.real_in(lr, "lr", 0.0, lo_open=True)
     dev = _device_of(model)
     corpus = retry_corpus(task, n_conversations, seed=seed, carry_forget=carry_forget)

@@ -121,10 +121,10 @@ def collect_logs(model, tok: CharTokenizer, task: Task, problems: Sequence[Probl
     """
     V.instance_of(tok, "tok", CharTokenizer)
     V.instance_of(task, "task", Task)
-    V.positive_int(len(problems), "len(problems)")
+    V.int_in(len(problems), "len(problems)")
     temps = [V.real_in(t, f"temperatures[{i}]", 0.0, lo_open=True) for i, t in enumerate(temperatures)]
-    V.positive_int(len(temps), "len(temperatures)")
-    k = V.positive_int(samples_per_temperature, "samples_per_temperature")
+    V.int_in(len(temps), "len(temperatures)")
+    k = V.int_in(samples_per_temperature, "samples_per_temperature")
     rows = [(j, p, t) for j, p in enumerate(problems) for t in temps for _ in range(k)]
     dev = next(model.parameters()).device
     parts = []
@@ -161,7 +161,7 @@ def response_logprobs(model, logs: LogDataset, temperature: float = 1.0, batch_s
     Chapter: 21_offline_rl_ope.
     """
     V.instance_of(logs, "logs", LogDataset)
-    V.positive_int(batch_size, "batch_size")
+    V.int_in(batch_size, "batch_size")
     out = []
     with torch.no_grad():
         for i in range(0, len(logs), batch_size):
@@ -182,7 +182,7 @@ def answer_probability(model, tok: CharTokenizer, problems: Sequence[Problem], t
     :math:`h_0`). ``temperature`` is the policy's sampling temperature. Chapter: 21_offline_rl_ope.
     """
     V.instance_of(tok, "tok", CharTokenizer)
-    V.positive_int(len(problems), "len(problems)")
+    V.int_in(len(problems), "len(problems)")
     dev = next(model.parameters()).device
     ids, pm = encode_prompts(problems, tok, dev)
     tgt = [tok.encode(p.answer, eos=True) for p in problems]
@@ -243,7 +243,7 @@ def train_weighted_bc(model: nn.Module, logs: LogDataset, weights: Tensor | None
     """
     V.instance_of(logs, "logs", LogDataset)
     N, T = logs.response_ids.shape
-    V.positive_int(N, "len(logs)")
+    V.int_in(N, "len(logs)")
     if weights is None:
         w = torch.ones(N, T, device=logs.mask.device)
     else:
@@ -255,11 +255,11 @@ def train_weighted_bc(model: nn.Module, logs: LogDataset, weights: Tensor | None
             w = weights
         w = w.detach().to(logs.mask.dtype)
         V.tensor_in(w * logs.mask, "weights", 0.0)
-    steps = V.positive_int(steps, "steps", minimum=0)
-    batch_size = V.positive_int(batch_size, "batch_size")
+    steps = V.int_in(steps, "steps", 0)
+    batch_size = V.int_in(batch_size, "batch_size")
     lr = V.real_in(lr, "lr", 0.0, lo_open=True)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
-    g = torch.Generator().manual_seed(V.positive_int(seed, "seed", minimum=0))
+    g = torch.Generator().manual_seed(V.int_in(seed, "seed", 0))
     model.train()
     losses = []
     for _ in range(steps):
@@ -315,8 +315,8 @@ class TokenCritic(nn.Module):
         super().__init__()
         g = torch.random.fork_rng()
         with g:
-            torch.manual_seed(V.positive_int(seed, "seed", minimum=0))
-            self.q = nn.Linear(V.positive_int(hidden_size, "hidden_size"), V.positive_int(vocab_size, "vocab_size"))
+            torch.manual_seed(V.int_in(seed, "seed", 0))
+            self.q = nn.Linear(V.int_in(hidden_size, "hidden_size"), V.int_in(vocab_size, "vocab_size"))
             self.v = nn.Linear(hidden_size, 1)
 
     def forward(self, z: Tensor):
@@ -353,7 +353,7 @@ def fit_token_critic(critic: TokenCritic, features: Tensor, logs: LogDataset, *,
         raise ValueError(f"features must be [N, T, d] = [{N}, {T}, d] for these logs, got {tuple(features.shape)}")
     cql_alpha = V.real_in(cql_alpha, "cql_alpha", 0.0)
     gamma = V.real_in(gamma, "gamma", 0.0, 1.0)
-    steps = V.positive_int(steps, "steps", minimum=0)
+    steps = V.int_in(steps, "steps", 0)
     m = logs.mask > 0
     nxt = torch.zeros_like(m)
     nxt[:, :-1] = m[:, 1:]
@@ -432,7 +432,7 @@ class RewardProbe(nn.Module):
         self.model = model
         d = model.config.n_embd
         with torch.random.fork_rng():
-            torch.manual_seed(V.positive_int(seed, "seed", minimum=0))
+            torch.manual_seed(V.int_in(seed, "seed", 0))
             self.head = nn.Linear(d, 1)
 
     @torch.no_grad()
@@ -457,7 +457,7 @@ class RewardProbe(nn.Module):
         z = self.features(logs.prompt_ids, logs.prompt_mask, logs.response_ids, logs.mask)
         opt = torch.optim.Adam(self.head.parameters(), lr=lr, weight_decay=weight_decay)
         out = []
-        for _ in range(V.positive_int(steps, "steps", minimum=0)):
+        for _ in range(V.int_in(steps, "steps", 0)):
             loss = F.binary_cross_entropy_with_logits(self.head(z).squeeze(-1), logs.rewards.to(z.dtype))
             opt.zero_grad(set_to_none=True)
             loss.backward()

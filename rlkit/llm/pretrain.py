@@ -45,7 +45,7 @@ __all__ = ["CorpusConfig", "TrainConfig", "make_corpus", "encode_corpus", "pretr
 class CorpusConfig(V.ValidatedConfig):
     """How the corpus is drawn (see the module docstring); validated on construction, frozen."""
 
-    seed: int = V.int_field(0, minimum=0)
+    seed: int = V.int_field(0, 0)
     n_lines: int = V.int_field(200_000)
     carry_forget: float = V.number_field(0.8, 0.0, 1.0)
     mul_fraction: float = V.number_field(0.25, 0.0, 1.0)
@@ -56,11 +56,11 @@ class CorpusConfig(V.ValidatedConfig):
 class TrainConfig(V.ValidatedConfig):
     """AdamW with a linear warm-up and a cosine decay to 5% of ``lr``; validated on construction, frozen."""
 
-    seed: int = V.int_field(0, minimum=0)
+    seed: int = V.int_field(0, 0)
     steps: int = V.int_field(1500)
     batch_size: int = V.int_field(256)
     lr: float = V.number_field(3e-3, 0.0, lo_open=True)
-    warmup: int = V.int_field(100, minimum=0)
+    warmup: int = V.int_field(100, 0)
     weight_decay: float = V.number_field(0.01, 0.0)
     threads: int = V.int_field(1)
 

@@ -145,7 +145,7 @@ def ensemble_rewards(task: Task, responses: Sequence[str], problems: Sequence[Pr
     ``judges`` are checker names of ``task``. Chapter: 24_pitfalls_recipe.
     """
     judges = list(judges)
-    V.positive_int(len(judges), "len(judges)")
+    V.int_in(len(judges), "len(judges)")
     for j in judges:
         V.choice(j, "a judge", list(task.checkers))
     if len(responses) == 0:
@@ -167,7 +167,7 @@ class RewardCostQHead(nn.Module):
     def __init__(self, lm: nn.Module, vocab_size: int):
         super().__init__()
         self.lm = lm
-        self.vocab_size = V.positive_int(vocab_size, "vocab_size")
+        self.vocab_size = V.int_in(vocab_size, "vocab_size")
         self.head = nn.Linear(vocab_size, 2 * vocab_size)
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
@@ -200,7 +200,7 @@ def q_guidance(critic: RewardCostQHead, eta: float, lam: float = 0.0):
 
 def _as_lag(x, name: str) -> LagDistribution:
     V.instance_of(x, name, (LagDistribution, numbers.Integral), "LagDistribution or an int >= 0")
-    return x if isinstance(x, LagDistribution) else LagDistribution.fixed(V.positive_int(x, name, minimum=0))
+    return x if isinstance(x, LagDistribution) else LagDistribution.fixed(V.int_in(x, name, 0))
 
 
 def _as_judges(x, name: str) -> tuple:

@@ -198,7 +198,7 @@ class RewardCostCritic(nn.Module):
     def __init__(self, lm: nn.Module, vocab_size: int):
         super().__init__()
         self.lm = V.instance_of(lm, "lm", nn.Module)
-        self.head = nn.Linear(V.positive_int(vocab_size, "vocab_size"), 2)
+        self.head = nn.Linear(V.int_in(vocab_size, "vocab_size"), 2)
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 

@@ -131,7 +131,7 @@ def sampling_logprobs(logits: torch.Tensor, temperature: float = 1.0, top_k: int
     V.has_categories(logits, "logits")
     V.real_in(temperature, "temperature", 0.0, lo_open=True)
     if top_k is not None:
-        V.positive_int(top_k, "top_k")
+        V.int_in(top_k, "top_k")
     if top_p is not None:
         V.real_in(top_p, "top_p", 0.0, 1.0, lo_open=True)
     logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
@@ -228,10 +228,10 @@ def sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None = N
     """
     prompt_ids, prompt_mask = V.prompt_batch(prompt_ids, prompt_mask, _vocab_size(model))
     B, P = prompt_ids.shape
-    V.positive_int(max_new_tokens, "max_new_tokens")
+    V.int_in(max_new_tokens, "max_new_tokens")
     if eos_id is not None:
-        V.positive_int(eos_id, "eos_id", minimum=0)
-    V.positive_int(pad_id, "pad_id", minimum=0)
+        V.int_in(eos_id, "eos_id", 0)
+    V.int_in(pad_id, "pad_id", 0)
     V.instance_of(greedy, "greedy", bool)
     V.instance_of(use_cache, "use_cache", bool)
     if generator is not None:
@@ -330,7 +330,7 @@ def token_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | 
     prompt_ids, prompt_mask = V.prompt_batch(prompt_ids, prompt_mask, _vocab_size(model))
     V.index_tensor(response_ids, "response_ids", dim=2, n=_vocab_size(model))
     V.same_length(response_ids, "response_ids", prompt_ids, "prompt_ids")
-    real = V.check_mask(mask, response_ids, "response_ids").bool()
+    real = V.check_mask(mask, response_ids, "response_ids", as_bool=True)
     V.instance_of(with_entropy, "with_entropy", bool)
     _check_processor(logits_processor)
     P, T = prompt_ids.shape[1], response_ids.shape[1]

@@ -149,7 +149,7 @@ class Task:
         self.name = V.nonempty_str(name, "name")
         self._generate = V.is_callable(generate, "generate")
         self.check = V.is_callable(check, "check")
-        self.max_new_tokens = V.positive_int(max_new_tokens, "max_new_tokens")
+        self.max_new_tokens = V.int_in(max_new_tokens, "max_new_tokens")
         self.heldout_fraction = V.real_in(heldout_fraction, "heldout_fraction", 0.0, 1.0, hi_open=True)
         for k, fn in V.instance_of({} if checkers is None else checkers, "checkers", dict).items():
             V.nonempty_str(k, "a key of checkers")
@@ -179,7 +179,7 @@ class Task:
     def problems(self, n: int, seed: int | random.Random = 0, split: str = "train") -> list[Problem]:
         """``n`` problems from ``split`` ("train", "test" or "all"), drawn with ``seed``."""
         V.choice(split, "split", ("train", "test", "all"))
-        V.positive_int(n, "n", minimum=0)
+        V.int_in(n, "n", 0)
         V.instance_of(seed, "seed", (int, random.Random), "int or random.Random")
         rng = seed if isinstance(seed, random.Random) else random.Random(seed)
         out, tries = [], 0

@@ -70,7 +70,7 @@ class CharTokenizer:
         if isinstance(ids, torch.Tensor):
             ids = V.index_tensor(ids, "ids", dim=1, n=self.vocab_size).tolist()
         else:
-            ids = [V.int_in_range(i, f"ids[{k}]", 0, self.vocab_size - 1) for k, i in enumerate(ids)]
+            ids = [V.int_in(i, f"ids[{k}]", 0, self.vocab_size - 1) for k, i in enumerate(ids)]
         return self._text(ids, stop_at_eos)
 
     def decode_batch(self, ids: torch.Tensor, stop_at_eos: bool = True) -> list[str]:
