@@ -7,7 +7,14 @@ rlkit's trainers ask a model for one thing, ``logits = model(ids)`` (the protoco
 :mod:`rlkit.llm.model`), and use a KV cache and an attention mask when the model declares them.
 :class:`HFCausalLM` wraps any ``AutoModelForCausalLM`` so that it follows that protocol:
 
-* **ids -> logits**, returned as float32 whatever the model computes in (bf16 on a GPU);
+* **ids -> logits**, returned as float32 whatever the model computes in (bf16 under autocast on
+  a GPU by default);
+* **precision** (``precision=``): by default (``"auto"``) the weights, their gradients and Adam's
+  state stay float32 and, on a CUDA GPU with bf16, the forward pass runs under bf16 autocast
+  (``"bf16-mixed"``); on a CPU everything is float32 (``"fp32"``). ``"bf16"`` stores the weights
+  themselves in bf16 and is an explicit opt-in: an update smaller than about :math:`|w|/256`
+  rounds back to :math:`w`, so at a full fine-tuning learning rate (about :math:`10^{-6}`) almost
+  no weight moves (:data:`PRECISIONS`);
 * **left padding**: the attention mask hides padding and the **position ids are computed from the
   mask**, so the first real token of every row gets position 0,
 
@@ -40,6 +47,7 @@ computes the same logits. A LLaMA-style model cannot hold them; :data:`UNMAPPABL
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -49,7 +57,7 @@ from .. import _validate as V
 from .model import GPT
 from .tokenizer import CharTokenizer, _left_pad
 
-__all__ = ["UNMAPPABLE", "require_transformers", "position_ids", "HFModelInfo", "HFCache", "HFCausalLM",
+__all__ = ["UNMAPPABLE", "PRECISIONS", "require_transformers", "position_ids", "HFModelInfo", "HFCache", "HFCausalLM",
            "HFTokenizer", "char_tokenizer_to_hf", "gpt_to_hf"]
 
 #: Why the tiny GPT's weights do not map onto each architecture that cannot hold them exactly.
@@ -129,12 +137,51 @@ class HFCache:
         self.max_len = max_len
 
 
-def _auto_dtype(dtype, device: torch.device):
-    if dtype != "auto":
-        return dtype
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.bfloat16
-    return torch.float32
+#: The values of :class:`HFCausalLM`'s ``precision``: how the weights are stored and the forward pass computed.
+PRECISIONS = {
+    "auto": "bf16-mixed on a CUDA device that supports bfloat16, else fp32",
+    "fp32": "float32 weights, float32 forward pass",
+    "bf16-mixed": "float32 weights (so gradients and Adam's moments are float32 too), forward pass under "
+                  "torch.autocast(dtype=torch.bfloat16)",
+    "bf16": "bfloat16 weights, gradients and Adam moments (an explicit opt-in: updates below about |w|/256 "
+            "round away, so at lr ~1e-6 almost no weight changes)",
+}
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "<not given>"
+
+
+_UNSET = _Unset()       # dtype not given: precision decides
+
+
+def _cuda_bf16(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_bf16_supported()
+
+
+def _resolve_precision(precision, dtype, device: torch.device) -> tuple[str | None, torch.dtype | None, bool]:
+    """``(precision, dtype to cast the model to or None, autocast or not)`` from the two arguments."""
+    if dtype is not _UNSET:                                          # the older spelling
+        if precision != "auto":
+            raise ValueError(f"pass precision or dtype, not both (got precision={precision!r}, dtype={dtype!r}); "
+                             f"dtype is the older spelling, precision the one to use")
+        if isinstance(dtype, str) and dtype == "auto":
+            return _resolve_precision("auto", _UNSET, device)
+        if dtype is not None:
+            V.instance_of(dtype, "dtype", torch.dtype, 'torch dtype, "auto" or None')
+        named = {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(dtype)
+        return named, dtype, False
+    if not isinstance(precision, str) or precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}"
+                         + (" (a torch dtype goes to dtype=)" if isinstance(precision, torch.dtype) else ""))
+    if precision == "auto":
+        precision = "bf16-mixed" if _cuda_bf16(device) else "fp32"
+    if precision == "bf16-mixed":
+        if not torch.amp.is_autocast_available(device.type) or (device.type == "cuda" and not _cuda_bf16(device)):
+            raise ValueError(f"precision='bf16-mixed' needs bfloat16 autocast on the model's device ({device}), "
+                             f"which this torch or device does not offer; use precision='fp32'")
+        return precision, torch.float32, True
+    return precision, {"fp32": torch.float32, "bf16": torch.bfloat16}[precision], False
 
 
 class HFCausalLM(nn.Module):
@@ -148,8 +195,34 @@ class HFCausalLM(nn.Module):
     Args:
         model: a ``transformers`` causal LM (``model(input_ids, attention_mask, position_ids,
             past_key_values, use_cache)`` returns ``.logits``), e.g. ``AutoModelForCausalLM``.
-        dtype: ``"auto"`` (bf16 on a CUDA device that supports it, else float32), a torch dtype,
-            or None (leave the model as it is).
+        precision: how the weights are stored and the forward pass computed (:data:`PRECISIONS`),
+            resolved once, here, from the device of the model's parameters (move the model to the
+            GPU before wrapping it):
+
+            * ``"auto"`` (the default): ``"bf16-mixed"`` on a CUDA device that supports bfloat16,
+              else ``"fp32"``;
+            * ``"fp32"``: the model is cast to float32 and computes in float32;
+            * ``"bf16-mixed"``: the model is cast to float32, frozen weights included (the
+              optimiser updates float32 weights, with float32 gradients and Adam moments) and each
+              forward pass runs under ``torch.autocast(device, dtype=torch.bfloat16)``, so the
+              matrix products (the output layer's too) are bf16;
+            * ``"bf16"``: the model is cast to bfloat16, weights, gradients and Adam's moments
+              included; half the memory of ``"bf16-mixed"``'s weights, and an explicit opt-in.
+              **Warning**: a bf16 weight :math:`w` changes only by an update larger than half its
+              spacing, between :math:`|w|/512` and :math:`|w|/256`; Adam's first steps move every
+              weight by about the learning rate, so at :math:`10^{-6}` (the usual full fine-tuning
+              rate) almost no weight changes and the model does not train: one GRPO step of a tiny
+              GPT-2 changes 5% of its entries (half of them biases that start at 0, the rest
+              weights near 0), against 97.5% in ``"fp32"`` and ``"bf16-mixed"``
+              (``tests/test_mixed_precision.py``). Use it for inference, or only where every
+              update is far above :math:`|w|/256`.
+
+            In every case the logits (and ``return_hidden``'s states) come back as float32.
+        dtype: the older spelling, kept for existing code; give it or ``precision``, not both.
+            ``"auto"`` is ``precision="auto"``, ``torch.float32`` ``"fp32"``, ``torch.bfloat16``
+            ``"bf16"`` (pure bf16 weights, see the warning above), another torch dtype casts the
+            model to it without autocast, None leaves the model exactly as it is (no cast, no
+            autocast: for a model already prepared, e.g. quantised).
         eos_id: the id that ends a response (needed with ``stop_ids``).
         stop_ids: more ids that end a response like ``eos_id`` (merged into it), or empty.
         vocab_size: the logits' width (default: the output layer's rows).
@@ -162,15 +235,15 @@ class HFCausalLM(nn.Module):
     accepts_attention_mask = True
     supports_kv_cache = True
 
-    def __init__(self, model: nn.Module, *, dtype="auto", eos_id: int | None = None,
+    def __init__(self, model: nn.Module, *, precision: str = "auto", dtype=_UNSET, eos_id: int | None = None,
                  stop_ids: Sequence[int] = (), vocab_size: int | None = None, block_size: int | None = None):
         super().__init__()
         V.instance_of(model, "model", nn.Module, "transformers causal LM (an nn.Module)")
         self.hf = model
         p = next(model.parameters())
-        dtype = _auto_dtype(dtype, p.device)
+        #: the resolved precision ("fp32", "bf16-mixed" or "bf16"; None when ``dtype`` chose another)
+        self.precision, dtype, self.autocast = _resolve_precision(precision, dtype, p.device)
         if dtype is not None:
-            V.instance_of(dtype, "dtype", torch.dtype, 'torch dtype, "auto" or None')
             model.to(dtype)
         cfg = getattr(model, "config", None)
         if vocab_size is None:
@@ -204,7 +277,11 @@ class HFCausalLM(nn.Module):
 
     def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None, cache: HFCache | None = None,
                 return_hidden: bool = False):
-        """Float32 logits ``[B, T, V]`` (and the last hidden states ``[B, T, d]`` with ``return_hidden``)."""
+        """Float32 logits ``[B, T, V]`` (and the last hidden states ``[B, T, d]`` with ``return_hidden``).
+
+        With ``precision="bf16-mixed"`` the model runs under bf16 autocast and its outputs are cast
+        to float32 afterwards, so the trainers' log-probs, ratios and KL are float32.
+        """
         V.index_tensor(ids, "ids", dim=2, n=self.config.vocab_size)
         V.instance_of(return_hidden, "return_hidden", bool)
         B, T = ids.shape
@@ -227,9 +304,11 @@ class HFCausalLM(nn.Module):
         pos = position_ids(real, start)
         keys_real = real if cache is None else torch.cat([cache.real, real], dim=1)
         need_mask = padded or (cache is not None and cache.has_padding)
-        out = self.hf(input_ids=ids, attention_mask=keys_real.long() if need_mask else None, position_ids=pos,
-                      past_key_values=None if cache is None else cache.past, use_cache=cache is not None,
-                      output_hidden_states=return_hidden)
+        mixed = torch.autocast(ids.device.type, dtype=torch.bfloat16) if self.autocast else nullcontext()
+        with mixed:                  # not autocast(enabled=False): that would switch off a caller's autocast
+            out = self.hf(input_ids=ids, attention_mask=keys_real.long() if need_mask else None, position_ids=pos,
+                          past_key_values=None if cache is None else cache.past, use_cache=cache is not None,
+                          output_hidden_states=return_hidden)
         if cache is not None:
             cache.past = out.past_key_values
             cache.real = keys_real
