@@ -152,7 +152,8 @@ def test_reference_model_runs_only_when_kl_is_used_or_logged(tok):
         ref = CountingModel(load_pretrained()[0])
         res = train(model, tok, ADDITION, RLConfig(**cfg, **kw), ref_model=ref)
         assert (ref.calls > 0) == runs, (kw, ref.calls)
-        assert all(math.isfinite(v) for v in res.history["kl"]) == runs, (kw, res.history["kl"])
+        assert ("kl" in res.history) == runs, kw                  # logged only where the reference runs
+        assert all(math.isfinite(v) for v in res.history.get("kl", [])), res.history
     with pytest.raises(ValueError, match="log_kl=False skips the reference model"):
         RLConfig(kl_coef=0.1, log_kl=False)
 

@@ -91,7 +91,7 @@ from .multiturn import (
     turn_returns,
     well_formed,
 )
-from .rl import ALGOS, RLConfig, RLResult, ValueHead, collect, policy_loss, sequence_advantages, steps_to_reach, train
+from .rl import ALGOS, RLConfig, ValueHead, collect, policy_loss, sequence_advantages
 from .sampling import (
     Rollout,
     apply_logits_processor,
@@ -116,6 +116,7 @@ from .tasks import (
     prefix_match,
 )
 from .tokenizer import CharTokenizer
+from .trainer import RLResult, steps_to_reach, train
 
 __all__ = [
     "GPT", "GPTConfig", "KVCache", "TinyGRULM", "CharTokenizer",

@@ -82,11 +82,8 @@ from __future__ import annotations
 
 import copy
 import random
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.nn as nn
 
@@ -94,23 +91,20 @@ from .. import _validate as V
 from ..divergences import kl_k1, kl_k3
 from ..objectives import (
     AGGREGATIONS,
-    aggregate,
     grpo_advantages,
-    normalize_advantages,
     policy_gradient_loss,
     ppo_clip_loss,
     rloo_advantages,
 )
-from ..returns import gae
-from ..utils import clip_grad
-from .credit import VALUE_TARGETS, dense_rewards, value_targets
-from .evaluation import encode_prompts, evaluate
-from .sampling import Rollout, call_model, sample, token_logprobs
-from .tasks import Problem, Task
+from .credit import VALUE_TARGETS
+from .evaluation import encode_prompts
+from .heads import ValueHead
+from .sampling import Rollout, cat_rollouts, sample
+from .tasks import Task
 from .tokenizer import CharTokenizer
 
-__all__ = ["ALGOS", "RLConfig", "RLResult", "ValueHead", "Batch", "collect", "sequence_advantages",
-           "policy_loss", "train", "steps_to_reach"]
+__all__ = ["ALGOS", "RLConfig", "ValueHead", "Batch", "collect", "sequence_advantages", "check_train_args",
+           "policy_loss"]
 
 #: The algorithms :func:`rlkit.llm.train` runs (``RLConfig.algo``), as in the table of the module docstring.
 ALGOS = ("reinforce", "rloo", "grpo", "dr_grpo", "dapo", "gspo", "ppo")
@@ -224,27 +218,6 @@ class RLConfig(V.ValidatedConfig):
             minibatches=self._default_minibatches() if self.minibatches is None else self.minibatches)
 
 
-class ValueHead(nn.Module):
-    r"""A critic for any LM: :math:`V(s_t) = w^\top \mathrm{logits}_t + b` from a copy of the model.
-
-    ``forward(ids [B, T], attention_mask=None) -> values [B, T]``; ``values[:, t]`` is the value of
-    the state after reading ``ids[:, :t + 1]``. The head starts at zero, so :math:`V \equiv 0`
-    at first. Chapter: 07_tiny_llm.
-    """
-
-    accepts_attention_mask = True
-
-    def __init__(self, lm: nn.Module, vocab_size: int):
-        super().__init__()
-        self.lm = lm
-        self.head = nn.Linear(vocab_size, 1)
-        nn.init.zeros_(self.head.weight)
-        nn.init.zeros_(self.head.bias)
-
-    def forward(self, ids, attention_mask=None):
-        return self.head(call_model(self.lm, ids, attention_mask)).squeeze(-1)
-
-
 @dataclass
 class Batch:
     """The responses of one step: ``problems[i]`` was answered by row ``i`` of ``rollout``."""
@@ -257,46 +230,11 @@ class Batch:
     zero_var_share: float          # of the first sampling round
 
 
-@dataclass
-class RLResult:
-    """What :func:`train` returns: the trained model, the critic (PPO) and the per-step log."""
-
-    model: nn.Module
-    history: dict                 # per update step: lists of length (number of steps run)
-    evals: dict                   # held-out evaluations: "step" = updates done before it (0 = base model)
-    config: RLConfig
-    critic: nn.Module | None = None
-    samples: list = field(default_factory=list)   # a few (prompt, response, reward) of the last step
-
-    def array(self, key: str) -> np.ndarray:
-        """``history[key]`` or ``evals[key]`` as a float array."""
-        src = self.history if key in self.history else self.evals
-        return np.asarray(src[key], dtype=float)
+_cat_rollouts = cat_rollouts   # TODO(0.3): rlkit.distributed's spelling, removed when its LLM part moves
 
 
-def _cat_rollouts(parts: Sequence[Rollout], pad_id: int, width: int) -> Rollout:
-    """Stack rollouts: prompts left-padded to the longest, responses right-padded to ``width`` tokens."""
-    P = max(p.prompt_ids.shape[1] for p in parts)
-    F = torch.nn.functional
-
-    def right(x, value):
-        return F.pad(x, (0, width - x.shape[1]), value=value)
-
-    def left(x, value):
-        return F.pad(x, (P - x.shape[1], 0), value=value)
-
-    return Rollout(prompt_ids=torch.cat([left(p.prompt_ids, pad_id) for p in parts]),
-                   prompt_mask=torch.cat([left(p.prompt_mask, False) for p in parts]),
-                   response_ids=torch.cat([right(p.response_ids, pad_id) for p in parts]),
-                   mask=torch.cat([right(p.mask, 0.0) for p in parts]),
-                   logprobs=torch.cat([right(p.logprobs, 0.0) for p in parts]),
-                   model_logprobs=torch.cat([right(p.model_logprobs, 0.0) for p in parts]),
-                   finished=torch.cat([p.finished for p in parts]))
-
-
-def _select(ro: Rollout, idx: torch.Tensor) -> Rollout:
-    return Rollout(*(getattr(ro, f)[idx] for f in ("prompt_ids", "prompt_mask", "response_ids", "mask",
-                                                   "logprobs", "model_logprobs", "finished")))
+def _select(ro: Rollout, idx: torch.Tensor) -> Rollout:   # TODO(0.3): Rollout.select; removed with the old trainers
+    return ro.select(idx)
 
 
 @torch.no_grad()
@@ -347,8 +285,8 @@ def collect(model, tok: CharTokenizer, task: Task, cfg: RLConfig, rng: random.Ra
         kept_correct.append(correct[rows_idx])
         kept_resp += [resp[i] for i in rows_idx.tolist()]
     if not kept_rollouts:     # every group had zero variance: return the last round (no gradient)
-        return Batch(rows, _cat_rollouts([ro], tok.pad_id, task.max_new_tokens), rewards, correct, resp, zero_share)
-    return Batch(kept_problems, _cat_rollouts(kept_rollouts, tok.pad_id, task.max_new_tokens),
+        return Batch(rows, cat_rollouts([ro], tok.pad_id, task.max_new_tokens), rewards, correct, resp, zero_share)
+    return Batch(kept_problems, cat_rollouts(kept_rollouts, tok.pad_id, task.max_new_tokens),
                  torch.cat(kept_rewards), torch.cat(kept_correct), kept_resp, zero_share)
 
 
@@ -415,7 +353,7 @@ def policy_loss(cfg: RLConfig, logp: torch.Tensor, logp_old: torch.Tensor, adv: 
     return loss, st["clip_fraction"].item()
 
 
-def _train_args(tok, task, cfg) -> RLConfig:
+def check_train_args(tok, task, cfg) -> RLConfig:
     """Check the arguments every LLM trainer shares; return ``cfg`` (default ``RLConfig()``) resolved."""
     cfg = RLConfig() if cfg is None else V.instance_of(cfg, "cfg", RLConfig)
     V.instance_of(task, "task", Task, "rlkit.llm.tasks.Task")
@@ -427,6 +365,10 @@ def _train_args(tok, task, cfg) -> RLConfig:
         raise ValueError(f"RLConfig.token_rewards=True needs a token checker named {cfg.checker!r} (RLConfig.checker) "
                          f"in task {task.name!r}, whose token checkers are {list(task.token_checkers)}")
     return cfg
+
+
+
+_train_args = check_train_args   # TODO(0.3): the old trainers' spelling, removed once they are hooks
 
 
 def _reference_model(model: nn.Module, ref_model: nn.Module | None, cfg: RLConfig):
@@ -443,202 +385,3 @@ def _reference_model(model: nn.Module, ref_model: nn.Module | None, cfg: RLConfi
         for p in ref_model.parameters():
             p.requires_grad_(False)
     return use_ref, ref_model
-
-
-def train(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig | None = None, *,
-          ref_model: nn.Module | None = None, critic: nn.Module | None = None,
-          eval_problems: Sequence[Problem] | None = None, callback: Callable | None = None,
-          verbose: bool = False, logits_processor=None) -> RLResult:
-    """Train ``model`` (in place) on ``task`` with ``cfg.algo``; return an :class:`RLResult`.
-
-    Args:
-        model: any LM following the protocol (``ids -> logits``); its parameters are updated.
-        tok: the tokenizer the model was trained with.
-        task: a :class:`rlkit.llm.tasks.Task`; the reward is ``task.checkers[cfg.checker]``.
-        cfg: an :class:`RLConfig` (defaults: GRPO).
-        ref_model: the frozen reference for the KL term and the logged KL (default: a copy of
-            ``model`` taken before training).
-        critic: PPO's value model (default: ``ValueHead(copy of model)``).
-        eval_problems: held-out problems for the greedy / sampled accuracy (default:
-            ``cfg.eval_problems`` from the task's test split).
-        callback: called as ``callback(step, history, evals)`` after every step; return True to stop.
-        logits_processor: a decode-time processor (:data:`~rlkit.llm.sampling.LogitsProcessor`, e.g. a
-            shield that bans tokens). The policy being trained is then the *processed* model: it
-            samples with the processor, and the old and new log-probs of the ratio are recomputed
-            with it (:func:`~rlkit.llm.token_logprobs`), so the ratio compares the distributions
-            that really sampled and that are being optimised. The reference model and the
-            evaluations stay unprocessed. None: no processor.
-
-    Chapter: 07_tiny_llm.
-    """
-    cfg = _train_args(tok, task, cfg)
-    if logits_processor is not None and not callable(logits_processor):
-        raise TypeError(f"logits_processor must be a callable f(context_ids, context_mask, logits) -> logits "
-                        f"or None, got {type(logits_processor).__name__}")
-    use_ref, ref_model = _reference_model(model, ref_model, cfg)
-    params = list(model.parameters())
-    dev = params[0].device
-    rng = random.Random(cfg.seed)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    opt = torch.optim.Adam(params, lr=cfg.lr)
-    if cfg.algo == "ppo":
-        if critic is None:
-            critic = ValueHead(copy.deepcopy(model), tok.vocab_size).to(dev)
-        vopt = torch.optim.Adam(critic.parameters(), lr=cfg.value_lr)
-    if eval_problems is None:
-        eval_problems = task.problems(cfg.eval_problems, seed=10_000 + cfg.seed, split="test")
-    eval_gen = torch.Generator().manual_seed(cfg.seed + 1)
-    G = cfg.group_size
-    keys = ("reward", "accuracy", "kl", "entropy", "clip_fraction", "zero_var_share", "response_length",
-            "loss", "grad_norm", "train_seconds")
-    hist = {k: [] for k in keys}
-    evals = {k: [] for k in ("step", "train_seconds", "greedy_accuracy", "sampled_accuracy")}
-    if cfg.checker != "exact":
-        evals.update(greedy_reward=[], sampled_reward=[])
-    train_time = 0.0
-
-    def run_eval(step):
-        g = evaluate(model, tok, task, eval_problems, greedy=True)
-        s = evaluate(model, tok, task, eval_problems, greedy=False, temperature=cfg.temperature,
-                     generator=eval_gen)
-        evals["step"].append(step)
-        evals["train_seconds"].append(train_time)
-        evals["greedy_accuracy"].append(g["accuracy"])
-        evals["sampled_accuracy"].append(s["accuracy"])
-        if cfg.checker != "exact":
-            evals["greedy_reward"].append(task.score(g["responses"], eval_problems, cfg.checker).mean().item())
-            evals["sampled_reward"].append(task.score(s["responses"], eval_problems, cfg.checker).mean().item())
-        if verbose:
-            print(f"[eval after {step} updates] held-out greedy {g['accuracy']:.3f} sampled {s['accuracy']:.3f}"
-                  f"  ({train_time:.1f} s of training)")
-
-    run_eval(0)
-    for step in range(cfg.steps):
-        t0 = time.perf_counter()
-        model.eval()                                     # no dropout anyway; sampling is no-grad
-        batch = collect(model, tok, task, cfg, rng, gen, dev, logits_processor=logits_processor)
-        ro = batch.rollout
-        mask = ro.mask
-        N = mask.shape[0]
-        with torch.no_grad():
-            if cfg.temperature == 1.0 and logits_processor is None:
-                old = ro.model_logprobs                  # = log pi_old of the sampled tokens
-            elif logits_processor is not None and cfg.top_k is None and cfg.top_p is None:
-                old = ro.logprobs                        # the processed policy sampled them: log q = log pi_old
-            else:
-                old = token_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.response_ids, mask,
-                                     temperature=cfg.temperature, logits_processor=logits_processor)
-            if use_ref:
-                ref = token_logprobs(ref_model, ro.prompt_ids, ro.prompt_mask, ro.response_ids, mask,
-                                     temperature=cfg.temperature)
-                kl_tok = _kl_estimate(cfg.kl_estimator, old, ref) * mask    # per-token k_t
-            else:
-                ref = kl_tok = None                      # kl_coef == 0: no reference forward pass
-            rewards = batch.rewards.to(dev)
-            dense = (dense_rewards(task, tok, ro.response_ids, mask, batch.problems, cfg.checker).to(dev)
-                     if cfg.token_rewards else None)
-            # --- advantages -------------------------------------------------------------
-            if cfg.algo == "ppo":
-                tok_rewards = torch.zeros_like(mask)
-                last = (mask.sum(-1).long() - 1).clamp_min(0)
-                tok_rewards[torch.arange(N, device=dev), last] = rewards
-                if dense is not None:
-                    tok_rewards = dense
-                if cfg.kl_coef > 0 and cfg.kl_in == "reward":
-                    tok_rewards = tok_rewards - cfg.kl_coef * kl_tok
-                values = _critic_values(critic, ro) * mask
-                next_values = torch.cat([values[:, 1:], torch.zeros_like(values[:, :1])], dim=1) * mask
-                not_last = torch.zeros_like(mask)
-                not_last[:, :-1] = mask[:, 1:]                        # 1 where another token follows
-                discounts = cfg.gamma * not_last
-                adv_tok, returns = gae(tok_rewards, values, next_values, discounts, cfg.lam)
-                if cfg.value_target != "gae":
-                    returns = value_targets(tok_rewards, values, mask, cfg.value_target, gamma=cfg.gamma,
-                                            lam=cfg.lam if cfg.value_lam is None else cfg.value_lam,
-                                            n=cfg.value_nstep)
-                adv_tok = normalize_advantages(adv_tok, mask)
-            else:
-                seq_r = rewards if dense is None else dense.sum(-1)
-                if cfg.kl_coef > 0 and cfg.kl_in == "reward":
-                    seq_r = seq_r - cfg.kl_coef * kl_tok.sum(-1)
-                adv = sequence_advantages(seq_r, cfg.algo, G)
-                adv_tok = adv[:, None].expand_as(mask) * mask
-        # --- update -------------------------------------------------------------------
-        model.train()
-        n_groups = N // G
-        losses, clips, ents, gnorms = [], [], [], []
-        for _ in range(cfg.epochs):
-            order = torch.randperm(n_groups, generator=gen)
-            for chunk in order.chunk(min(cfg.minibatches, max(1, n_groups))):
-                rows = (chunk[:, None] * G + torch.arange(G)).flatten().to(dev)
-                m = mask[rows]
-                logp, ent = token_logprobs(model, ro.prompt_ids[rows], ro.prompt_mask[rows], ro.response_ids[rows],
-                                           m, temperature=cfg.temperature, with_entropy=True,
-                                           logits_processor=logits_processor)
-                loss, clip = policy_loss(cfg, logp, old[rows], adv_tok[rows], m)
-                if cfg.kl_coef > 0 and cfg.kl_in == "loss":
-                    kl_term = _kl_estimate(cfg.kl_estimator, logp, ref[rows])
-                    loss = loss + cfg.kl_coef * aggregate(kl_term, m, "token-mean")
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                gnorms.append(clip_grad(params, cfg.grad_clip))
-                opt.step()
-                if cfg.algo == "ppo":
-                    v = _critic_values(critic, _select(ro, rows))
-                    vloss = cfg.value_coef * 0.5 * aggregate((v - returns[rows]) ** 2, m, "token-mean")
-                    vopt.zero_grad(set_to_none=True)
-                    vloss.backward()
-                    clip_grad(critic.parameters(), cfg.grad_clip)
-                    vopt.step()
-                losses.append(loss.item())
-                clips.append(clip)
-                ents.append((ent * m).sum().item() / max(1.0, m.sum().item()))
-        train_time += time.perf_counter() - t0
-        model.eval()
-        # --- log ----------------------------------------------------------------------
-        h = hist
-        h["reward"].append(batch.rewards.mean().item())
-        h["accuracy"].append(batch.correct.mean().item())
-        h["kl"].append((kl_k3(old, ref) * mask).sum().item() / max(1.0, mask.sum().item()) if use_ref
-                       else float("nan"))
-        h["entropy"].append(float(np.mean(ents)) if ents else float("nan"))
-        h["clip_fraction"].append(float(np.mean(clips)) if clips else float("nan"))
-        h["zero_var_share"].append(batch.zero_var_share)
-        h["response_length"].append(mask.sum(-1).mean().item())
-        h["loss"].append(float(np.mean(losses)) if losses else float("nan"))
-        h["grad_norm"].append(float(np.mean(gnorms)) if gnorms else float("nan"))
-        h["train_seconds"].append(train_time)
-        if verbose:
-            print(f"step {step:4d} reward {h['reward'][-1]:.3f} acc {h['accuracy'][-1]:.3f} "
-                  f"kl {h['kl'][-1]:.4f} ent {h['entropy'][-1]:.3f} clip {h['clip_fraction'][-1]:.3f} "
-                  f"zero-var {batch.zero_var_share:.2f} len {h['response_length'][-1]:.2f} t {train_time:.1f}s")
-        if (step + 1) % cfg.eval_every == 0 or step == cfg.steps - 1:
-            run_eval(step + 1)
-        if callback is not None and callback(step, hist, evals):
-            if evals["step"][-1] != step + 1:
-                run_eval(step + 1)
-            break
-    samples = [(p.prompt, r, float(x)) for p, r, x in zip(batch.problems[:8], batch.responses[:8], batch.rewards[:8])]
-    return RLResult(model=model, history=hist, evals=evals, config=cfg,
-                    critic=critic if cfg.algo == "ppo" else None, samples=samples)
-
-
-def _critic_values(critic, ro: Rollout) -> torch.Tensor:
-    """V(s_t) for every response position t: the state after the prompt and y_<t."""
-    P, T = ro.prompt_ids.shape[1], ro.response_ids.shape[1]
-    ids = torch.cat([ro.prompt_ids, ro.response_ids], 1)
-    att = torch.cat([ro.prompt_mask, torch.ones_like(ro.response_ids, dtype=torch.bool)], 1)
-    return critic(ids, attention_mask=att)[:, P - 1:P - 1 + T]
-
-
-def steps_to_reach(evals: dict, threshold: float = 0.9,
-                   keys: Sequence[str] = ("greedy_accuracy", "sampled_accuracy")):
-    """First evaluation where every one of ``keys`` is >= ``threshold``.
-
-    ``evals`` is ``RLResult.evals``. Returns ``(updates, training_seconds)`` at that
-    evaluation, or ``(None, None)`` if it never happened.
-    """
-    for i, step in enumerate(evals["step"]):
-        if all(evals[k][i] >= threshold for k in keys):
-            return step, evals["train_seconds"][i]
-    return None, None

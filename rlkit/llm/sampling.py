@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from .. import _validate as V
 
-__all__ = ["Rollout", "sample", "sampling_logprobs", "token_logprobs", "call_model", "LogitsProcessor",
+__all__ = ["Rollout", "cat_rollouts", "sample", "sampling_logprobs", "token_logprobs", "call_model", "LogitsProcessor",
            "apply_logits_processor"]
 
 
@@ -76,6 +76,47 @@ class Rollout:
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]
+
+    def select(self, rows) -> Rollout:
+        """The rollout of the responses ``rows`` (an index tensor, list or slice), every field indexed alike."""
+        return Rollout(*(getattr(self, f)[rows] for f in _ROLLOUT_FIELDS))
+
+    def to(self, device) -> Rollout:
+        """Every field moved to ``device``."""
+        return Rollout(*(getattr(self, f).to(device) for f in _ROLLOUT_FIELDS))
+
+
+_ROLLOUT_FIELDS = ("prompt_ids", "prompt_mask", "response_ids", "mask", "logprobs", "model_logprobs", "finished")
+
+
+def cat_rollouts(parts, pad_id: int, width: int | None = None) -> Rollout:
+    """Stack rollouts: prompts LEFT-padded (with ``pad_id``) to the longest, responses right-padded to ``width``.
+
+    ``width`` defaults to the widest response block of ``parts``. Masks and log-probs are padded
+    with zeros, so a padded position is not a token. Chapter: 07_tiny_llm.
+    """
+    parts = list(parts)
+    if not parts or not all(isinstance(p, Rollout) for p in parts):
+        raise TypeError("parts must be a non-empty sequence of Rollout")
+    P = max(p.prompt_ids.shape[1] for p in parts)
+    T = max(p.response_ids.shape[1] for p in parts) if width is None else width
+    if any(p.response_ids.shape[1] > T for p in parts):
+        raise ValueError(f"width={T} is narrower than a part's responses")
+    F = torch.nn.functional
+
+    def right(x, value):
+        return F.pad(x, (0, T - x.shape[1]), value=value)
+
+    def left(x, value):
+        return F.pad(x, (P - x.shape[1], 0), value=value)
+
+    return Rollout(prompt_ids=torch.cat([left(p.prompt_ids, pad_id) for p in parts]),
+                   prompt_mask=torch.cat([left(p.prompt_mask, False) for p in parts]),
+                   response_ids=torch.cat([right(p.response_ids, pad_id) for p in parts]),
+                   mask=torch.cat([right(p.mask, 0.0) for p in parts]),
+                   logprobs=torch.cat([right(p.logprobs, 0.0) for p in parts]),
+                   model_logprobs=torch.cat([right(p.model_logprobs, 0.0) for p in parts]),
+                   finished=torch.cat([p.finished for p in parts]))
 
 
 def _vocab_size(model) -> int | None:

@@ -1,0 +1,123 @@
+r"""Where a training step's responses come from: the current policy, lagged versions of it, or actors.
+
+Chapters: 07_tiny_llm (:class:`Fresh`), 12_clipping_staleness and 24_pitfalls_recipe (:class:`Lagged`),
+16_offpolicy_multistep (:class:`Lagged` and the actor pool of :mod:`rlkit.distributed`).
+
+A sampler is called once per update by :func:`rlkit.llm.train` as ``sampler(run) -> Step`` and fills
+in what the rest of the loop needs to know about the data (:class:`rlkit.llm.trainer.Step`):
+
+* ``batch``: the problems, the rollout, the checker's reward and the exact-match correctness;
+* ``logp_behav`` :math:`\log\mu(y_t)`: the log-probs of the policy that sampled each token;
+* ``logp_old`` :math:`\log\pi_k(y_t)`: the same tokens under the learner's current weights, the
+  denominator of the ratio (equal to ``logp_behav`` for fresh rows);
+* ``age``: how many versions behind the learner each response's sampler was (0 = fresh).
+
+After the update, ``sampler.publish(run)`` makes the new weights available to the next samples.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..staleness import LagDistribution, PolicyArchive
+from .rl import collect
+from .sampling import cat_rollouts, token_logprobs
+
+__all__ = ["Fresh", "Lagged"]
+
+
+class Fresh:
+    r"""Sample from the current policy: ``prompts_per_step`` prompts, ``group_size`` responses each.
+
+    The ratio's denominator :math:`\log\pi_{old}` is the sampler's own ``model_logprobs`` when the
+    policy is the model at temperature 1 without a processor; the sampling log-probs when a
+    processor (and no top-k/top-p) shaped the samples, since the processed model is then the policy;
+    otherwise it is recomputed at the training temperature (with the processor, if any).
+    DAPO's dynamic sampling (``RLConfig.dynamic_sampling``) happens inside :func:`rlkit.llm.collect`.
+    """
+
+    def setup(self, run) -> None:
+        pass
+
+    def __call__(self, run):
+        from .trainer import Step
+        cfg, proc = run.cfg, run.logits_processor
+        batch = collect(run.model, run.tok, run.task, cfg, run.rng, run.gen, run.device, logits_processor=proc)
+        ro = batch.rollout
+        with torch.no_grad():
+            if cfg.temperature == 1.0 and proc is None:
+                old = ro.model_logprobs                  # = log pi_old of the sampled tokens
+            elif proc is not None and cfg.top_k is None and cfg.top_p is None:
+                old = ro.logprobs                        # the processed policy sampled them: log q = log pi_old
+            else:
+                old = token_logprobs(run.model, ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.mask,
+                                     temperature=cfg.temperature, logits_processor=proc)
+        age = torch.zeros(len(ro), dtype=torch.long, device=ro.mask.device)
+        return Step(batch=batch, logp_old=old, logp_behav=old, age=age, mask=ro.mask,
+                    rewards=batch.rewards.to(run.device))
+
+    def publish(self, run) -> None:
+        run.version += 1
+
+
+class Lagged:
+    r"""Sample each group from an older version of the policy, :math:`k - \ell` with :math:`\ell \sim` ``lag``.
+
+    The sampler keeps the last ``lag.max + 1`` versions in a :class:`rlkit.staleness.PolicyArchive`
+    (version 0 is the initial model). At update :math:`k` it draws one lag per prompt from its own
+    generator (seeded ``cfg.seed + 1``), clips it to the versions that exist, and asks each version
+    for its share of the prompts (:func:`rlkit.llm.collect`, temperature 1). The rows are stacked
+    version by version, oldest first. ``logp_old`` is :math:`\log\pi_k` recomputed on every row
+    (the sampler's own numbers on fresh rows).
+
+    Args:
+        lag: a :class:`rlkit.staleness.LagDistribution` or an int (a fixed lag).
+        processor: an optional decode-time logits processor for the actors only (e.g. a shield);
+            the learner's ratio still uses the unprocessed model.
+    """
+
+    def __init__(self, lag: LagDistribution | int = 0, processor=None):
+        self.lag = lag if isinstance(lag, LagDistribution) else LagDistribution.fixed(lag)
+        if processor is not None and not callable(processor):
+            raise TypeError(f"processor must be a logits processor (callable) or None, got {type(processor).__name__}")
+        self.processor = processor
+        self.archive = None
+
+    def setup(self, run) -> None:
+        self.archive = PolicyArchive(capacity=self.lag.max + 1)
+        self.gen = run.generator(1)
+        self.archive.push(0, run.model)
+
+    def reset(self) -> None:
+        """Forget the archived versions (a rollback flushes the bad versions' in-flight data)."""
+        self.archive = PolicyArchive(capacity=self.lag.max + 1)
+
+    def __call__(self, run):
+        from .trainer import Step
+        cfg, dev = run.cfg, run.device
+        lags = self.lag.sample(cfg.prompts_per_step, self.gen)
+        group_versions = self.archive.behaviour_versions(run.version, lags)
+        parts, rewards, correct, row_versions, problems, responses = [], [], [], [], [], []
+        for v in torch.unique(group_versions).tolist():
+            n_v = int((group_versions == v).sum())
+            b = collect(self.archive.get(v), run.tok, run.task, cfg, run.rng, run.gen, dev, prompts=n_v,
+                        logits_processor=self.processor)
+            parts.append(b.rollout)
+            rewards.append(b.rewards)
+            correct.append(b.correct)
+            problems += b.problems
+            responses += b.responses
+            row_versions.append(torch.full((len(b.rollout),), v, dtype=torch.long))
+        ro = cat_rollouts(parts, run.tok.pad_id)
+        from .rl import Batch
+        batch = Batch(problems, ro, torch.cat(rewards), torch.cat(correct), responses, float("nan"))
+        age = (run.version - torch.cat(row_versions)).to(dev)
+        mask = ro.mask
+        with torch.no_grad():
+            lb = ro.model_logprobs
+            lp_k = token_logprobs(run.model, ro.prompt_ids, ro.prompt_mask, ro.response_ids, mask)
+            lp_k = torch.where((age == 0)[:, None], lb, lp_k)
+        return Step(batch=batch, logp_old=lp_k, logp_behav=lb, age=age, mask=mask, rewards=batch.rewards.to(dev))
+
+    def publish(self, run) -> None:
+        run.version += 1
+        self.archive.push(run.version, run.model)

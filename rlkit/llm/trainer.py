@@ -1,0 +1,536 @@
+r"""The one LLM training loop: sample, score, advantages, minibatch updates, with hooks for every chapter's idea.
+
+Chapter: 07_tiny_llm (the loop), and every later chapter that trains the tiny LLM through it.
+
+:func:`train` is built from four parts, each replaceable:
+
+* a **sampler** (:mod:`rlkit.llm.samplers`): :class:`~rlkit.llm.samplers.Fresh` responses of the
+  current policy (the default), :class:`~rlkit.llm.samplers.Lagged` versions of it (chapter 12), or
+  an actor pool (chapter 16);
+* an **advantage estimator** (:mod:`rlkit.llm.advantages`): group-relative
+  (:class:`~rlkit.llm.advantages.Group`, the default for every ``algo`` but PPO), token-level GAE
+  with a critic (:class:`~rlkit.llm.advantages.TokenGAE`, PPO's default), or off-policy targets;
+* a **policy loss**: :class:`PolicyLoss` (``RLConfig.algo``'s loss, :func:`rlkit.llm.policy_loss`);
+* a list of **hooks** (:class:`Hook`): reward channels, advantage reweighting, extra loss terms,
+  and what happens after an update. The KL penalty to a reference model is one
+  (:class:`KLPenalty`); the staleness control, the cost constraint, the DRO weights, the
+  exploration bonuses and the judges of Part III are others, each in its chapter's module.
+
+One update (:func:`train`'s loop, in this order):
+
+1. ``step = sampler(run)``: the responses, their rewards and log-probs (a :class:`Step`);
+2. ``hook.on_batch(run, step)`` for each hook: reward channels (a cost, a bonus, the KL penalty);
+3. ``step.adv = advantages(run, step)``, then ``hook.on_advantages(run, step)`` for each hook
+   (reweighting, filtering the tokens that train through ``step.mask``);
+4. ``epochs`` passes over the batch in ``minibatches`` sets of whole groups: the policy loss plus
+   every hook's ``loss`` term, one optimiser step, then ``advantages.fit`` (the critic, if any);
+5. ``hook.on_update_end(run, step)`` for each hook (a measurement, a multiplier's step, a
+   rollback; returning True stops training), ``sampler.publish(run)``, the log and the held-out
+   evaluation every ``eval_every`` updates.
+
+**What is logged** (``RLResult.history[key]``, one entry per update, NaN where a step did not
+measure it). Every key means one thing in every run:
+
+=====================  ==========================================================================
+key                    meaning
+=====================  ==========================================================================
+``reward``             mean reward of the step's responses under the checker (``RLConfig.checker``)
+``accuracy``           mean exact-match of the step's responses (the true reward)
+``response_length``    mean number of response tokens (``<eos>`` included)
+``zero_var_share``     share of groups whose rewards were all equal (no gradient from them; fresh sampling)
+``loss``               mean over minibatches of the minimised loss (policy loss + hooks' terms)
+``grad_norm``          mean over minibatches of the policy's gradient norm before clipping
+``clip_fraction``      mean over minibatches of the share of tokens whose ratio was clipped
+``entropy``            mean over minibatches of the policy's entropy per trained token (nats)
+``value_loss``         mean over minibatches of the critic's loss (estimators with a critic)
+``train_seconds``      cumulative wall-clock seconds of training, evaluations excluded
+``kl``                 per-token k3 estimate of KL(pi_old || pi_ref) on the step's samples (:class:`KLPenalty`)
+=====================  ==========================================================================
+
+Hooks add their own keys (listed in their docstrings). ``RLResult.evals`` holds the held-out
+evaluations: ``step`` (updates done before it, 0 = the base model), ``train_seconds`` and what the
+evaluation returns (:class:`HeldOut`: ``greedy_accuracy``, ``sampled_accuracy``, and with a proxy
+checker ``greedy_reward`` and ``sampled_reward``).
+"""
+from __future__ import annotations
+
+import copy
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from .. import _validate as V
+from ..divergences import kl_k1, kl_k3
+from ..objectives import aggregate
+from ..utils import clip_grad
+from .advantages import Group, TokenGAE
+from .credit import dense_rewards
+from .evaluation import evaluate
+from .rl import Batch, RLConfig, check_train_args, policy_loss
+from .samplers import Fresh
+from .sampling import token_logprobs
+from .tasks import Problem, Task
+from .tokenizer import CharTokenizer
+
+__all__ = ["Step", "Hook", "Run", "RLResult", "PolicyLoss", "KLPenalty", "DenseRewards", "HeldOut", "train",
+           "steps_to_reach"]
+
+
+@dataclass
+class Step:
+    """One update's data, filled in order by the sampler, the hooks and the advantage estimator.
+
+    Tensors are ``[N, T]`` over response tokens unless said otherwise (``N`` responses, whole groups).
+    """
+
+    batch: Batch                   # problems, rollout, rewards [N], correct [N], responses
+    logp_old: torch.Tensor         # log pi_k of the sampled tokens (the ratio's denominator)
+    logp_behav: torch.Tensor       # log mu, the sampler's own log-probs (= logp_old for fresh rows)
+    age: torch.Tensor              # [N] versions behind the learner (0 = fresh)
+    mask: torch.Tensor             # the tokens the update trains on (a hook may narrow it)
+    rewards: torch.Tensor          # [N] the response's reward (the checker's)
+    token_rewards: torch.Tensor | None = None     # per-token rewards, when a hook supplies them
+    penalties: list = field(default_factory=list)  # (coef, x [N, T]): the reward becomes r - coef * x
+    adv: torch.Tensor | None = None
+    data: dict = field(default_factory=dict)       # what components hand to each other ("logp_ref", "returns")
+
+    @property
+    def rollout(self):
+        return self.batch.rollout
+
+
+class Hook:
+    """One chapter's addition to the loop. Every method is optional; hooks run in list order.
+
+    * ``setup(run)``: once, before the first evaluation (make a reference copy, an optimiser);
+    * ``on_step_start(run, k)``: before sampling update ``k`` (set a learning rate);
+    * ``on_batch(run, step)``: after sampling (add reward channels, score with a reference);
+    * ``on_advantages(run, step)``: after the advantages (reweight ``step.adv``, narrow ``step.mask``);
+    * ``loss(run, step, rows, logp, entropy)``: an extra loss term on a minibatch (a tensor or None);
+    * ``on_update_end(run, step)``: after the update (measure, step a multiplier); True stops training;
+    * ``result(run)``: extra fields of the :class:`RLResult` (``result.extras``).
+
+    Hooks log with ``run.log(key=value)``.
+    """
+
+    def setup(self, run) -> None:
+        pass
+
+    def on_step_start(self, run, k: int) -> None:
+        pass
+
+    def on_batch(self, run, step: Step) -> None:
+        pass
+
+    def on_advantages(self, run, step: Step) -> None:
+        pass
+
+    def loss(self, run, step: Step, rows: torch.Tensor, logp: torch.Tensor, entropy: torch.Tensor):
+        return None
+
+    def on_update_end(self, run, step: Step) -> bool | None:
+        return None
+
+    def result(self, run) -> dict:
+        return {}
+
+
+@dataclass
+class RLResult:
+    """What :func:`train` returns: the trained model, the critic (if any), the per-update log and the evaluations.
+
+    ``extras`` holds what the hooks add (a multiplier's trajectory, a staleness guard's alerts, a
+    policy archive); its entries are also readable as attributes (``result.alerts``).
+    """
+
+    model: nn.Module
+    history: dict                 # per update: lists of length (number of updates run)
+    evals: dict                   # held-out evaluations: "step" = updates done before it (0 = base model)
+    config: RLConfig
+    critic: nn.Module | None = None
+    samples: list = field(default_factory=list)   # a few (prompt, response, reward) of the last update
+    extras: dict = field(default_factory=dict)
+
+    def __getattr__(self, name):
+        extras = self.__dict__.get("extras", {})
+        if name in extras:
+            return extras[name]
+        raise AttributeError(f"{type(self).__name__} has no attribute or extra {name!r}")
+
+    def array(self, key: str) -> np.ndarray:
+        """``history[key]`` or ``evals[key]`` as a float array."""
+        src = self.history if key in self.history else self.evals
+        return np.asarray(src[key], dtype=float)
+
+
+class HeldOut:
+    """The held-out evaluation of :func:`train`: greedy (and sampled) exact match on ``problems``.
+
+    Args:
+        problems: the held-out problems (default: ``RLConfig.eval_problems`` of the task's test split,
+            drawn with seed ``10_000 + RLConfig.seed``).
+        sampled: also sample one response per problem (at ``RLConfig.temperature``) and score it.
+        seed_offset: the sampled evaluation's generator is seeded ``RLConfig.seed + seed_offset``.
+        rewards: also log ``greedy_reward``/``sampled_reward`` under the training checker (default:
+            when ``RLConfig.checker`` is not ``"exact"``).
+    """
+
+    def __init__(self, problems: Sequence[Problem] | None = None, *, sampled: bool = True, seed_offset: int = 1,
+                 rewards: bool | None = None):
+        self.problems = problems
+        self.sampled = V.instance_of(sampled, "sampled", bool)
+        self.seed_offset = V.int_in(seed_offset, "seed_offset", 0)
+        self.rewards = rewards
+
+    def setup(self, run) -> None:
+        cfg = run.cfg
+        if self.problems is None:
+            self.problems = run.task.problems(cfg.eval_problems, seed=10_000 + cfg.seed, split="test")
+        self.gen = run.generator(self.seed_offset)
+        if self.rewards is None:
+            self.rewards = cfg.checker != "exact"
+
+    def __call__(self, run) -> dict:
+        model, tok, task, cfg = run.model, run.tok, run.task, run.cfg
+        g = evaluate(model, tok, task, self.problems, greedy=True)
+        out = {"greedy_accuracy": g["accuracy"]}
+        if self.sampled:
+            s = evaluate(model, tok, task, self.problems, greedy=False, temperature=cfg.temperature, generator=self.gen)
+            out["sampled_accuracy"] = s["accuracy"]
+        if self.rewards:
+            out["greedy_reward"] = task.score(g["responses"], self.problems, cfg.checker).mean().item()
+            if self.sampled:
+                out["sampled_reward"] = task.score(s["responses"], self.problems, cfg.checker).mean().item()
+        return out
+
+
+class Run:
+    """What every update of one training run shares: the model, the optimiser, the generators, the log.
+
+    Built by :func:`train` (and by the multi-turn and hierarchical trainers, which have their own
+    rollouts): ``rng`` (a ``random.Random`` for prompts) and ``gen`` (a torch generator for
+    sampling and minibatch order) are seeded ``RLConfig.seed``; :meth:`generator` gives further
+    generators seeded ``seed + offset``. ``version`` counts the published updates.
+    """
+
+    def __init__(self, model: nn.Module, tok: CharTokenizer, task: Task, cfg, *, evaluation=None,
+                 logits_processor=None, verbose: bool = False):
+        self.model, self.tok, self.task, self.cfg = model, tok, task, cfg
+        self.params = list(model.parameters())
+        self.device = self.params[0].device
+        self.rng = random.Random(cfg.seed)
+        self.gen = torch.Generator().manual_seed(cfg.seed)
+        self.opt = torch.optim.Adam(self.params, lr=cfg.lr)
+        self.logits_processor = logits_processor
+        self.evaluation = evaluation
+        self.verbose = verbose
+        self.version = 0
+        self.train_time = 0.0
+        self.history: dict = {}
+        self.evals: dict = {"step": [], "train_seconds": []}
+        self._row: dict = {}
+
+    def generator(self, offset: int) -> torch.Generator:
+        """A fresh torch generator seeded ``RLConfig.seed + offset``."""
+        return torch.Generator().manual_seed(self.cfg.seed + offset)
+
+    # --- the update -------------------------------------------------------------------------------
+    def minibatches(self, step: Step):
+        """``epochs`` passes over the step's groups in random order, ``minibatches`` sets of whole groups each.
+
+        Yields the row indices of each minibatch. A minibatch without a trained token is skipped
+        (an optimiser step on a zero gradient would still move the weights by its momentum), and so
+        is the whole update when no token trains.
+        """
+        cfg, G = self.cfg, self.cfg.group_size
+        if float(step.mask.sum()) == 0:
+            return
+        n_groups = step.mask.shape[0] // G
+        for _ in range(cfg.epochs):
+            order = torch.randperm(n_groups, generator=self.gen)
+            for chunk in order.chunk(min(cfg.minibatches, max(1, n_groups))):
+                rows = (chunk[:, None] * G + torch.arange(G)).flatten().to(self.device)
+                if float(step.mask[rows].sum()) == 0:
+                    continue
+                yield rows
+
+    def logprobs(self, step: Step, rows: torch.Tensor):
+        """``(logp, entropy)`` of the responses ``rows`` under the policy being trained (differentiable)."""
+        ro = step.rollout
+        return token_logprobs(self.model, ro.prompt_ids[rows], ro.prompt_mask[rows], ro.response_ids[rows],
+                              step.mask[rows], temperature=self.cfg.temperature, with_entropy=True,
+                              logits_processor=self.logits_processor)
+
+    def clip(self, params) -> float:
+        """Clip the gradient norm of ``params`` to ``RLConfig.grad_clip``; return the norm before clipping."""
+        return clip_grad(params, self.cfg.grad_clip)
+
+    def optimise(self, loss: torch.Tensor) -> float:
+        """One Adam step of the policy on ``loss``; returns the gradient norm before clipping."""
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        norm = self.clip(self.params)
+        self.opt.step()
+        return norm
+
+    # --- the log ----------------------------------------------------------------------------------
+    def log(self, **metrics) -> None:
+        """Record metrics of the current update (one value per key and update)."""
+        self._row.update(metrics)
+
+    def end_update(self) -> None:
+        """Append the current update's metrics to the history (NaN for a key it did not log)."""
+        n = len(next(iter(self.history.values()))) if self.history else 0
+        for k in self._row:
+            if k not in self.history:
+                self.history[k] = [math.nan] * n
+        for k, xs in self.history.items():
+            xs.append(float(self._row.get(k, math.nan)))
+        self._row = {}
+
+    def evaluate(self, step: int) -> None:
+        """Run the held-out evaluation (if any) after ``step`` updates and record it."""
+        if self.evaluation is None:
+            return
+        out = self.evaluation(self)
+        self.evals["step"].append(step)
+        self.evals["train_seconds"].append(self.train_time)
+        for k, x in out.items():
+            self.evals.setdefault(k, []).append(x)
+
+    def end_step(self, k: int, stop: bool, callback: Callable | None) -> bool:
+        """Evaluate every ``eval_every`` updates and after the last; True when training should stop."""
+        if (k + 1) % self.cfg.eval_every == 0 or k == self.cfg.steps - 1:
+            self.evaluate(k + 1)
+        stop = stop or (callback is not None and bool(callback(k, self.history, self.evals)))
+        if stop and self.evaluation is not None and self.evals["step"][-1] != k + 1:
+            self.evaluate(k + 1)
+        return stop
+
+
+class PolicyLoss:
+    """The policy loss of ``RLConfig.algo`` (:func:`rlkit.llm.policy_loss`): PPO-clip, GSPO's or the policy gradient."""
+
+    def setup(self, run) -> None:
+        pass
+
+    def __call__(self, run, step: Step, rows, logp):
+        """``(loss, clip_fraction)`` on the minibatch ``rows``."""
+        return policy_loss(run.cfg, logp, step.logp_old[rows], step.adv[rows], step.mask[rows])
+
+
+def _kl(name: str, logp, logp_ref):
+    return kl_k1(logp, logp_ref) if name == "k1" else kl_k3(logp, logp_ref)
+
+
+class KLPenalty(Hook):
+    r"""A KL penalty to a frozen reference model, in the reward or in the loss; it logs ``kl``.
+
+    With :math:`k_t` the ``estimator`` (``"k1"``: :math:`\log\pi - \log\pi_{ref}`; ``"k3"``) on the
+    sampled tokens: ``where="reward"`` subtracts :math:`\beta k_t` from the reward of every token
+    (the sum over the response for a sequence-level estimator); ``where="loss"`` adds
+    :math:`\beta\,\mathrm{agg}(k_t)` (token mean) to every minibatch's loss. Beware: as a loss, k1's
+    gradient has zero mean under the samples; k3 in the loss (GRPO's choice) and k1 in the reward
+    (classic RLHF) are the meaningful combinations. ``coef=0`` only measures the KL.
+
+    Logged: ``kl``, the per-token k3 estimate of KL(:math:`\pi_{old}\,\|\,\pi_{ref}`) on the step's samples.
+
+    Args:
+        coef: :math:`\beta \ge 0`.
+        estimator: ``"k1"`` or ``"k3"``.
+        where: ``"loss"`` or ``"reward"``.
+        ref_model: the frozen reference (default: a copy of the model when training starts).
+    """
+
+    def __init__(self, coef: float = 0.0, estimator: str = "k3", where: str = "loss", ref_model=None):
+        self.coef = V.real_in(coef, "coef", 0.0)
+        self.estimator = V.choice(estimator, "estimator", ("k1", "k3"))
+        self.where = V.choice(where, "where", ("loss", "reward"))
+        self.ref_model = ref_model
+
+    def setup(self, run) -> None:
+        if self.ref_model is None:
+            self.ref_model = copy.deepcopy(run.model)
+        self.ref_model.eval()
+        for p in self.ref_model.parameters():
+            p.requires_grad_(False)
+
+    @torch.no_grad()
+    def on_batch(self, run, step: Step) -> None:
+        ro, mask = step.rollout, step.rollout.mask
+        ref = token_logprobs(self.ref_model, ro.prompt_ids, ro.prompt_mask, ro.response_ids, mask,
+                             temperature=run.cfg.temperature)
+        step.data["logp_ref"] = ref
+        if self.coef > 0 and self.where == "reward":
+            step.penalties.append((self.coef, _kl(self.estimator, step.logp_old, ref) * mask))
+        run.log(kl=(kl_k3(step.logp_old, ref) * mask).sum().item() / max(1.0, mask.sum().item()))
+
+    def loss(self, run, step: Step, rows, logp, entropy):
+        if self.coef > 0 and self.where == "loss":
+            term = _kl(self.estimator, logp, step.data["logp_ref"][rows])
+            return self.coef * aggregate(term, step.mask[rows], "token-mean")
+        return None
+
+
+class DenseRewards(Hook):
+    """Per-token rewards from the task's token checker ``checker`` (chapter 14, :func:`rlkit.llm.dense_rewards`).
+
+    Token-level estimators put each token's reward on that token; sequence-level ones use their sum.
+    """
+
+    def __init__(self, checker: str = "exact"):
+        self.checker = V.instance_of(checker, "checker", str)
+
+    @torch.no_grad()
+    def on_batch(self, run, step: Step) -> None:
+        ro = step.rollout
+        step.token_rewards = dense_rewards(run.task, run.tok, ro.response_ids, ro.mask, step.batch.problems,
+                                           self.checker).to(run.device)
+
+
+def _default_parts(cfg: RLConfig, ref_model, critic):
+    """The estimator and hooks that ``RLConfig``'s KL, critic and dense-reward fields ask for."""
+    hooks = []
+    use_ref = cfg.kl_coef > 0 if cfg.log_kl is None else cfg.log_kl
+    if use_ref:
+        hooks.append(KLPenalty(cfg.kl_coef, cfg.kl_estimator, cfg.kl_in, ref_model=ref_model))
+    elif ref_model is not None:
+        ref_model.eval()
+        for p in ref_model.parameters():
+            p.requires_grad_(False)
+    if cfg.token_rewards:
+        hooks.append(DenseRewards(cfg.checker))
+    if cfg.algo == "ppo":
+        est = TokenGAE(critic, gamma=cfg.gamma, lam=cfg.lam, lr=cfg.value_lr, coef=cfg.value_coef,
+                       target=cfg.value_target, n=cfg.value_nstep, target_lam=cfg.value_lam)
+    else:
+        est = Group(cfg.algo)
+    return est, hooks
+
+
+def train(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig | None = None, *,
+          sampler=None, advantages=None, loss=None, hooks: Sequence[Hook] = (), evaluation=None,
+          ref_model: nn.Module | None = None, critic: nn.Module | None = None,
+          eval_problems: Sequence[Problem] | None = None, callback: Callable | None = None,
+          verbose: bool = False, logits_processor=None) -> RLResult:
+    """Train ``model`` (in place) on ``task``; return an :class:`RLResult`. The loop of the module docstring.
+
+    Args:
+        model: any LM following the protocol (``ids -> logits``); its parameters are updated.
+        tok: the tokenizer the model was trained with.
+        task: a :class:`rlkit.llm.tasks.Task`; the reward is ``task.checkers[cfg.checker]``.
+        cfg: an :class:`RLConfig` (defaults: GRPO).
+        sampler: where the responses come from (default :class:`~rlkit.llm.samplers.Fresh`).
+        advantages: the advantage estimator (default: ``TokenGAE`` for ``algo="ppo"``, built from
+            ``cfg``'s critic fields and ``critic``; ``Group(cfg.algo)`` otherwise).
+        loss: the policy loss (default :class:`PolicyLoss`).
+        hooks: :class:`Hook` objects, called in order. ``cfg``'s KL fields add a :class:`KLPenalty`
+            first (with ``ref_model``), and ``cfg.token_rewards`` a :class:`DenseRewards`.
+        evaluation: ``f(run) -> dict`` of held-out metrics (default :class:`HeldOut` on ``eval_problems``).
+        ref_model: the frozen reference of the KL term (default: a copy of ``model`` before training).
+        critic: PPO's value model (default: ``ValueHead(copy of model)``).
+        eval_problems: held-out problems (default: ``cfg.eval_problems`` from the task's test split).
+        callback: called as ``callback(step, history, evals)`` after every update; True stops training.
+        logits_processor: a decode-time processor (e.g. a shield). The policy being trained is then
+            the *processed* model: it samples with the processor, and the old and new log-probs of
+            the ratio are computed with it, so the ratio compares the distributions that really
+            sampled and that are being optimised. The reference and the evaluations stay unprocessed.
+
+    Chapter: 07_tiny_llm.
+    """
+    cfg = check_train_args(tok, task, cfg)
+    if logits_processor is not None and not callable(logits_processor):
+        raise TypeError(f"logits_processor must be a callable f(context_ids, context_mask, logits) -> logits "
+                        f"or None, got {type(logits_processor).__name__}")
+    est, cfg_hooks = _default_parts(cfg, ref_model, critic)
+    hooks = [*cfg_hooks, *hooks]
+    sampler, advantages, loss = sampler or Fresh(), advantages or est, loss or PolicyLoss()
+    run = Run(model, tok, task, cfg, logits_processor=logits_processor, verbose=verbose,
+              evaluation=HeldOut(eval_problems) if evaluation is None else evaluation)
+    for part in (*hooks, sampler, advantages, loss, run.evaluation):
+        if hasattr(part, "setup"):
+            part.setup(run)
+    run.evaluate(0)
+    for k in range(cfg.steps):
+        t0 = time.perf_counter()
+        for h in hooks:
+            h.on_step_start(run, k)
+        model.eval()                                            # 1. sample
+        step = sampler(run)
+        for h in hooks:                                         # 2. reward channels
+            h.on_batch(run, step)
+        step.adv = advantages(run, step)                        # 3. advantages, reweighted by hooks
+        for h in hooks:
+            h.on_advantages(run, step)
+        model.train()                                           # 4. epochs x minibatches of whole groups
+        stats = {"loss": [], "clip_fraction": [], "entropy": [], "grad_norm": []}
+        if getattr(advantages, "critic", None) is not None:
+            stats["value_loss"] = []
+        for rows in run.minibatches(step):
+            logp, ent = run.logprobs(step, rows)
+            total, clip = loss(run, step, rows, logp)
+            for h in hooks:
+                term = h.loss(run, step, rows, logp, ent)
+                total = total if term is None else total + term
+            stats["grad_norm"].append(run.optimise(total))
+            vloss = advantages.fit(run, step, rows)
+            if "value_loss" in stats:
+                stats["value_loss"].append(vloss)
+            m = step.mask[rows]
+            stats["loss"].append(total.item())
+            stats["clip_fraction"].append(clip)
+            stats["entropy"].append((ent.detach() * m).sum().item() / max(1.0, m.sum().item()))
+        model.eval()
+        run.train_time += time.perf_counter() - t0
+        stop = False                                            # 5. after the update: hooks, publish, log, eval
+        for h in hooks:
+            stop = bool(h.on_update_end(run, step)) or stop
+        sampler.publish(run)
+        _log_update(run, step, stats)
+        if run.end_step(k, stop, callback):
+            break
+    extras = {}
+    for part in (sampler, advantages, loss, *hooks):
+        extras.update(part.result(run) if hasattr(part, "result") else {})
+    b = step.batch if cfg.steps else None
+    samples = [] if b is None else [(p.prompt, r, float(x)) for p, r, x in zip(b.problems[:8], b.responses[:8],
+                                                                                b.rewards[:8])]
+    return RLResult(model=model, history=run.history, evals=run.evals, config=cfg,
+                    critic=getattr(advantages, "critic", None), samples=samples, extras=extras)
+
+
+def _mean(xs) -> float:
+    xs = [x for x in xs if x is not None]
+    return float(np.mean(xs)) if xs else math.nan
+
+
+def _log_update(run: Run, step: Step, stats: dict) -> None:
+    b, mask = step.batch, step.rollout.mask
+    run.log(reward=b.rewards.mean().item(), accuracy=b.correct.float().mean().item(),
+            response_length=mask.sum(-1).mean().item(), zero_var_share=b.zero_var_share,
+            train_seconds=run.train_time, **{k: _mean(v) for k, v in stats.items()})
+    if run.verbose:
+        r = run._row
+        print(f"update {len(next(iter(run.history.values()), [])):4d} reward {r['reward']:.3f} "
+              f"acc {r['accuracy']:.3f} loss {r['loss']:.4f} clip {r['clip_fraction']:.3f} "
+              f"len {r['response_length']:.2f} t {run.train_time:.1f}s")
+    run.end_update()
+
+
+def steps_to_reach(evals: dict, threshold: float = 0.9,
+                   keys: Sequence[str] = ("greedy_accuracy", "sampled_accuracy")):
+    """First evaluation where every one of ``keys`` is >= ``threshold``.
+
+    ``evals`` is ``RLResult.evals``. Returns ``(updates, training_seconds)`` at that
+    evaluation, or ``(None, None)`` if it never happened.
+    """
+    for i, step in enumerate(evals["step"]):
+        if all(evals[k][i] >= threshold for k in keys):
+            return step, evals["train_seconds"][i]
+    return None, None
