@@ -78,7 +78,7 @@ from .sampling import token_logprobs
 from .tasks import Problem, Task
 from .tokenizer import CharTokenizer
 
-__all__ = ["Step", "Hook", "Run", "RLResult", "PolicyLoss", "KLPenalty", "DenseRewards", "HeldOut", "train",
+__all__ = ["Step", "Hook", "Run", "RLResult", "PolicyLoss", "KLPenalty", "DenseRewards", "HeldOut", "train", "assemble",
            "steps_to_reach"]
 
 
@@ -235,6 +235,9 @@ class Run:
         self.history: dict = {}
         self.evals: dict = {"step": [], "train_seconds": []}
         self._row: dict = {}
+        self._stats: dict = {}
+        self.sampler = None
+        self.last_step = None
 
     def generator(self, offset: int) -> torch.Generator:
         """A fresh torch generator seeded ``RLConfig.seed + offset``."""
@@ -279,13 +282,52 @@ class Run:
         self.opt.step()
         return norm
 
+    def start_update(self, k: int, hooks=()) -> None:
+        """Start update ``k``: the clock, the hooks' ``on_step_start``, the model in eval mode for sampling."""
+        self._t0 = time.perf_counter()
+        self._stats = {"loss": [], "clip_fraction": [], "entropy": [], "grad_norm": [], "value_loss": []}
+        for h in hooks:
+            h.on_step_start(self, k)
+        self.model.eval()
+
+    def stop_clock(self) -> None:
+        """Add the time since :meth:`start_update` to ``train_time`` (evaluations are not training)."""
+        self.train_time += time.perf_counter() - self._t0
+
+    def record(self, step: Step, rows, loss, clip, entropy, grad_norm, value_loss=None) -> None:
+        """Keep one minibatch's numbers for the update's log (their means over the minibatches)."""
+        m = step.mask[rows]
+        st = self._stats
+        st["loss"].append(loss.item())
+        st["clip_fraction"].append(clip)
+        st["entropy"].append((entropy.detach() * m).sum().item() / max(1.0, m.sum().item()))
+        st["grad_norm"].append(grad_norm)
+        if value_loss is not None:
+            st["value_loss"].append(value_loss)
+
     # --- the log ----------------------------------------------------------------------------------
     def log(self, **metrics) -> None:
         """Record metrics of the current update (one value per key and update)."""
         self._row.update(metrics)
 
-    def end_update(self) -> None:
-        """Append the current update's metrics to the history (NaN for a key it did not log)."""
+    def end_update(self, step: Step | None = None) -> None:
+        """Log the update into the history: the standard keys (from ``step`` and the minibatches), then the hooks'.
+
+        A key that an update did not log gets NaN there, so every history list has one entry per update.
+        """
+        if step is not None:
+            b, mask = step.batch, step.rollout.mask
+            st = {k: (float(np.mean(v)) if v else math.nan) for k, v in self._stats.items()
+                  if v or k != "value_loss"}
+            self._row = {"reward": b.rewards.mean().item(), "accuracy": b.correct.float().mean().item(),
+                         "response_length": mask.sum(-1).mean().item(), "zero_var_share": b.zero_var_share,
+                         "train_seconds": self.train_time, **st, **self._row}
+            self.last_step = step
+            if self.verbose:
+                r = self._row
+                print(f"update {self.version:4d} reward {r['reward']:.3f} acc {r['accuracy']:.3f} "
+                      f"loss {r['loss']:.4f} clip {r['clip_fraction']:.3f} len {r['response_length']:.2f} "
+                      f"t {self.train_time:.1f}s")
         n = len(next(iter(self.history.values()))) if self.history else 0
         for k in self._row:
             if k not in self.history:
@@ -293,6 +335,21 @@ class Run:
         for k, xs in self.history.items():
             xs.append(float(self._row.get(k, math.nan)))
         self._row = {}
+
+    def result(self, *parts) -> RLResult:
+        """The :class:`RLResult` of the run: the parts' ``result(run)`` extras and a few samples of the last update."""
+        extras, flat = {}, []
+        for part in parts:
+            flat += list(part) if isinstance(part, list | tuple) else [part]
+        for p in flat:
+            if hasattr(p, "result"):
+                extras.update(p.result(self))
+        b = self.last_step.batch if self.last_step is not None else None
+        samples = [] if b is None else [(p.prompt, r, float(x)) for p, r, x in
+                                        zip(b.problems[:8], b.responses[:8], b.rewards[:8])]
+        critic = next((p.critic for p in flat if isinstance(getattr(p, "critic", None), nn.Module)), None)
+        return RLResult(model=self.model, history=self.history, evals=self.evals, config=self.cfg, critic=critic,
+                        samples=samples, extras=extras)
 
     def evaluate(self, step: int) -> None:
         """Run the held-out evaluation (if any) after ``step`` updates and record it."""
@@ -414,6 +471,35 @@ def _default_parts(cfg: RLConfig, ref_model, critic):
     return est, hooks
 
 
+def assemble(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig | None = None, *, sampler=None,
+             advantages=None, loss=None, hooks: Sequence[Hook] = (), evaluation=None,
+             ref_model: nn.Module | None = None, critic: nn.Module | None = None,
+             eval_problems: Sequence[Problem] | None = None, verbose: bool = False, logits_processor=None):
+    """Check :func:`train`'s arguments and build its parts: ``(run, sampler, advantages, loss, hooks)``, set up.
+
+    ``cfg``'s KL fields put a :class:`KLPenalty` first in the hooks (with ``ref_model``), and
+    ``cfg.token_rewards`` a :class:`DenseRewards`; ``cfg.algo`` picks the default estimator.
+    """
+    cfg = check_train_args(tok, task, cfg)
+    if logits_processor is not None and not callable(logits_processor):
+        raise TypeError(f"logits_processor must be a callable f(context_ids, context_mask, logits) -> logits "
+                        f"or None, got {type(logits_processor).__name__}")
+    hooks = list(hooks)
+    for i, h in enumerate(hooks):
+        if not isinstance(h, Hook):
+            raise TypeError(f"hooks[{i}] must be an rlkit.llm.trainer.Hook, got {type(h).__name__}")
+    est, cfg_hooks = _default_parts(cfg, ref_model, critic)
+    hooks = [*cfg_hooks, *hooks]
+    sampler, advantages, loss = sampler or Fresh(), advantages or est, loss or PolicyLoss()
+    run = Run(model, tok, task, cfg, logits_processor=logits_processor, verbose=verbose,
+              evaluation=HeldOut(eval_problems) if evaluation is None else evaluation)
+    run.sampler = sampler
+    for part in (*hooks, sampler, advantages, loss, run.evaluation):
+        if hasattr(part, "setup"):
+            part.setup(run)
+    return run, sampler, advantages, loss, hooks
+
+
 def train(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig | None = None, *,
           sampler=None, advantages=None, loss=None, hooks: Sequence[Hook] = (), evaluation=None,
           ref_model: nn.Module | None = None, critic: nn.Module | None = None,
@@ -444,83 +530,36 @@ def train(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig | None
 
     Chapter: 07_tiny_llm.
     """
-    cfg = check_train_args(tok, task, cfg)
-    if logits_processor is not None and not callable(logits_processor):
-        raise TypeError(f"logits_processor must be a callable f(context_ids, context_mask, logits) -> logits "
-                        f"or None, got {type(logits_processor).__name__}")
-    est, cfg_hooks = _default_parts(cfg, ref_model, critic)
-    hooks = [*cfg_hooks, *hooks]
-    sampler, advantages, loss = sampler or Fresh(), advantages or est, loss or PolicyLoss()
-    run = Run(model, tok, task, cfg, logits_processor=logits_processor, verbose=verbose,
-              evaluation=HeldOut(eval_problems) if evaluation is None else evaluation)
-    for part in (*hooks, sampler, advantages, loss, run.evaluation):
-        if hasattr(part, "setup"):
-            part.setup(run)
+    run, sampler, advantages, loss, hooks = assemble(
+        model, tok, task, cfg, sampler=sampler, advantages=advantages, loss=loss, hooks=hooks, evaluation=evaluation,
+        ref_model=ref_model, critic=critic, eval_problems=eval_problems, verbose=verbose,
+        logits_processor=logits_processor)
     run.evaluate(0)
-    for k in range(cfg.steps):
-        t0 = time.perf_counter()
+    for k in range(run.cfg.steps):
+        run.start_update(k, hooks)
+        step = sampler(run)                                     # 1. sample (fresh, lagged or actors)
         for h in hooks:
-            h.on_step_start(run, k)
-        model.eval()                                            # 1. sample
-        step = sampler(run)
-        for h in hooks:                                         # 2. reward channels
-            h.on_batch(run, step)
-        step.adv = advantages(run, step)                        # 3. advantages, reweighted by hooks
+            h.on_batch(run, step)                               # 2. reward channels: KL, cost, bonuses
+        step.adv = advantages(run, step)                        # 3. advantages: group, GAE or V-trace ...
         for h in hooks:
-            h.on_advantages(run, step)
-        model.train()                                           # 4. epochs x minibatches of whole groups
-        stats = {"loss": [], "clip_fraction": [], "entropy": [], "grad_norm": []}
-        if getattr(advantages, "critic", None) is not None:
-            stats["value_loss"] = []
-        for rows in run.minibatches(step):
+            h.on_advantages(run, step)                          #    ... reweighted or filtered by hooks
+        model.train()
+        for rows in run.minibatches(step):                      # 4. epochs x minibatches of whole groups
             logp, ent = run.logprobs(step, rows)
             total, clip = loss(run, step, rows, logp)
             for h in hooks:
-                term = h.loss(run, step, rows, logp, ent)
+                term = h.loss(run, step, rows, logp, ent)       #    extra terms: KL, entropy bonus
                 total = total if term is None else total + term
-            stats["grad_norm"].append(run.optimise(total))
-            vloss = advantages.fit(run, step, rows)
-            if "value_loss" in stats:
-                stats["value_loss"].append(vloss)
-            m = step.mask[rows]
-            stats["loss"].append(total.item())
-            stats["clip_fraction"].append(clip)
-            stats["entropy"].append((ent.detach() * m).sum().item() / max(1.0, m.sum().item()))
+            norm = run.optimise(total)                          #    zero_grad, backward, clip, Adam step
+            run.record(step, rows, total, clip, ent, norm, advantages.fit(run, step, rows))
         model.eval()
-        run.train_time += time.perf_counter() - t0
-        stop = False                                            # 5. after the update: hooks, publish, log, eval
-        for h in hooks:
-            stop = bool(h.on_update_end(run, step)) or stop
-        sampler.publish(run)
-        _log_update(run, step, stats)
-        if run.end_step(k, stop, callback):
+        run.stop_clock()
+        stop = [h.on_update_end(run, step) for h in hooks]      # 5. measure, step a multiplier, roll back
+        sampler.publish(run)                                    #    the new weights reach the samplers
+        run.end_update(step)                                    #    log, evaluate every eval_every updates
+        if run.end_step(k, any(stop), callback):
             break
-    extras = {}
-    for part in (sampler, advantages, loss, *hooks):
-        extras.update(part.result(run) if hasattr(part, "result") else {})
-    b = step.batch if cfg.steps else None
-    samples = [] if b is None else [(p.prompt, r, float(x)) for p, r, x in zip(b.problems[:8], b.responses[:8],
-                                                                                b.rewards[:8])]
-    return RLResult(model=model, history=run.history, evals=run.evals, config=cfg,
-                    critic=getattr(advantages, "critic", None), samples=samples, extras=extras)
-
-
-def _mean(xs) -> float:
-    xs = [x for x in xs if x is not None]
-    return float(np.mean(xs)) if xs else math.nan
-
-
-def _log_update(run: Run, step: Step, stats: dict) -> None:
-    b, mask = step.batch, step.rollout.mask
-    run.log(reward=b.rewards.mean().item(), accuracy=b.correct.float().mean().item(),
-            response_length=mask.sum(-1).mean().item(), zero_var_share=b.zero_var_share,
-            train_seconds=run.train_time, **{k: _mean(v) for k, v in stats.items()})
-    if run.verbose:
-        r = run._row
-        print(f"update {len(next(iter(run.history.values()), [])):4d} reward {r['reward']:.3f} "
-              f"acc {r['accuracy']:.3f} loss {r['loss']:.4f} clip {r['clip_fraction']:.3f} "
-              f"len {r['response_length']:.2f} t {run.train_time:.1f}s")
-    run.end_update()
+    return run.result(sampler, advantages, loss, hooks)
 
 
 def steps_to_reach(evals: dict, threshold: float = 0.9,
