@@ -31,6 +31,7 @@ import torch.nn as nn
 
 from .. import _validate as V
 from ..returns import discounted_returns, gae, lambda_returns, n_step_returns
+from .heads import HiddenValueHead
 from .sampling import Rollout, call_model, sample
 from .tasks import Problem, Task
 from .tokenizer import CharTokenizer
@@ -461,49 +462,3 @@ def token_kl_exact(model, ref_model, rollout: Rollout) -> Tensor:
     lq = torch.log_softmax(call_model(ref_model, ids, att)[:, P - 1:P - 1 + T].float(), -1)
     kl = (lp.exp() * (lp - lq)).sum(-1)
     return _zero_pad(kl, m.to(kl.device))
-
-
-class HiddenValueHead(nn.Module):
-    r"""A critic on the LM's hidden states: :math:`V_\phi(h_t) = w^\top z_t + b`.
-
-    :math:`z_t` is the final hidden state of ``lm`` (``lm(ids, attention_mask, return_hidden=True)``,
-    :meth:`rlkit.llm.GPT.forward`), ``n_embd`` numbers per position, against the ``vocab_size``
-    logits that :class:`~rlkit.llm.ValueHead` reads (the logits are :math:`W_e z_t`, a projection
-    of them). ``forward(ids [B, T], attention_mask=None) -> values [B, T]``; ``values[:, t]`` is the
-    value of the state after ``ids[:, :t + 1]``. The head starts at :math:`V \equiv` ``init``.
-    With ``freeze_body=True`` only :math:`w, b` are trained (a linear probe on frozen features).
-
-    Args:
-        lm: a model whose ``forward`` accepts ``return_hidden=True`` (e.g. a copy of the policy, or a
-            freshly initialised :class:`~rlkit.llm.GPT` to train a critic from scratch).
-        hidden_size: the width of the hidden states (default ``lm.config.n_embd``).
-        freeze_body: train only the head.
-        init: the initial value (the head's bias).
-
-    Chapter: 14_credit_over_tokens.
-    """
-
-    accepts_attention_mask = True
-
-    def __init__(self, lm: nn.Module, hidden_size: int | None = None, freeze_body: bool = False, init: float = 0.0):
-        super().__init__()
-        V.instance_of(lm, "lm", nn.Module)
-        if hidden_size is None:
-            hidden_size = getattr(getattr(lm, "config", None), "n_embd", None)
-            V.given(hidden_size, "hidden_size", "lm has no config.n_embd")
-        self.lm = lm
-        self.freeze_body = V.boolean(freeze_body, "freeze_body")
-        if self.freeze_body:
-            for p in lm.parameters():
-                p.requires_grad_(False)
-        self.head = nn.Linear(V.int_in(hidden_size, "hidden_size"), 1)
-        nn.init.zeros_(self.head.weight)
-        nn.init.constant_(self.head.bias, V.real_in(init, "init"))
-
-    def forward(self, ids, attention_mask=None):
-        if self.freeze_body:
-            with torch.no_grad():
-                _, z = self.lm(ids, attention_mask=attention_mask, return_hidden=True)
-        else:
-            _, z = self.lm(ids, attention_mask=attention_mask, return_hidden=True)
-        return self.head(z).squeeze(-1)

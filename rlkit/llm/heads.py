@@ -8,7 +8,9 @@ and the response, and a linear layer maps its logits at each position to the out
 
 .. math:: f(h_t) = W\,\mathrm{logits}(h_t) + b \in \mathbb R^{\text{shape}},
 
-with :math:`W` and :math:`b` zero at first, so every output starts at 0. Only the shape differs:
+with :math:`W` zero and :math:`b` constant (0 unless asked) at first. Chapter 14 also reads the
+model's final hidden states :math:`z_t` instead of its logits (``features="hidden"``,
+:class:`HiddenValueHead`); the logits are a projection of them. Only the shape differs:
 
 ===============  ======================  ==========================================================
 ``shape``        output per position     used as
@@ -30,7 +32,7 @@ import torch.nn as nn
 from .. import _validate as V
 from .sampling import Rollout, call_model
 
-__all__ = ["LogitHead", "ValueHead", "response_positions"]
+__all__ = ["LogitHead", "ValueHead", "HiddenValueHead", "response_positions"]
 
 
 def response_positions(net, ro: Rollout, rows=None) -> torch.Tensor:
@@ -53,34 +55,59 @@ def response_positions(net, ro: Rollout, rows=None) -> torch.Tensor:
 class LogitHead(nn.Module):
     r"""A critic on a copy of an LM: ``forward(ids [B, L], attention_mask=None) -> [B, L, *shape]``.
 
-    The zero-initialised linear map of the module docstring. ``shape=()`` gives ``[B, L]``.
+    The linear map of the module docstring, on the LM's logits (``features="logits"``) or on its
+    final hidden states (``features="hidden"``: the model's ``forward`` must accept
+    ``return_hidden=True``, as :meth:`rlkit.llm.GPT.forward` does). ``shape=()`` gives ``[B, L]``.
 
     Args:
         lm: a model following the protocol of :mod:`rlkit.llm.model` (usually a deep copy of the
-            policy; it is trained with the head).
-        vocab_size: the width of ``lm``'s logits.
+            policy; it is trained with the head unless ``freeze_body``).
+        width: the width of the features: ``lm``'s vocabulary for logits, its hidden size for
+            hidden states (default for hidden states: ``lm.config.n_embd``).
         shape: the output shape per position: ``()``, ``(k,)`` or ``(k, m)`` with positive ints.
+        features: ``"logits"`` or ``"hidden"``.
+        freeze_body: train only the head (a linear probe on frozen features; the body runs without gradients).
+        init: the initial value of every output (the head's bias).
     """
 
     accepts_attention_mask = True
 
-    def __init__(self, lm: nn.Module, vocab_size: int, shape: tuple = ()):
+    def __init__(self, lm: nn.Module, width: int | None = None, shape: tuple = (), *, features: str = "logits",
+                 freeze_body: bool = False, init: float = 0.0):
         super().__init__()
         self.lm = V.instance_of(lm, "lm", nn.Module)
-        vocab_size = V.int_in(vocab_size, "vocab_size")
+        self.features = V.choice(features, "features", ("logits", "hidden"))
+        if width is None and self.features == "hidden":
+            width = getattr(getattr(lm, "config", None), "n_embd", None)
+            V.given(width, "width", "lm has no config.n_embd")
+        width = V.int_in(V.given(width, "width", "the LM's logits are read"), "width")
         if not isinstance(shape, tuple) or len(shape) > 2:
             raise ValueError(f"shape must be a tuple of at most two positive ints, got {shape!r}")
         self.shape = tuple(V.int_in(s, f"shape[{i}]") for i, s in enumerate(shape))
-        width = 1
+        self.freeze_body = V.boolean(freeze_body, "freeze_body")
+        if self.freeze_body:
+            for p in lm.parameters():
+                p.requires_grad_(False)
+        out = 1
         for s in self.shape:
-            width *= s
-        self.vocab_size = vocab_size
-        self.head = nn.Linear(vocab_size, width)
+            out *= s
+        self.vocab_size = width
+        self.head = nn.Linear(width, out)
         nn.init.zeros_(self.head.weight)
-        nn.init.zeros_(self.head.bias)
+        nn.init.constant_(self.head.bias, V.real_in(init, "init"))
+
+    def _features(self, ids, attention_mask):
+        if self.features == "logits":
+            return call_model(self.lm, ids, attention_mask)
+        return self.lm(ids, attention_mask=attention_mask, return_hidden=True)[1]
 
     def forward(self, ids, attention_mask=None):
-        out = self.head(call_model(self.lm, ids, attention_mask))
+        if self.freeze_body:
+            with torch.no_grad():
+                z = self._features(ids, attention_mask)
+        else:
+            z = self._features(ids, attention_mask)
+        out = self.head(z)
         if not self.shape:
             return out.squeeze(-1)
         return out.view(*out.shape[:-1], *self.shape)
@@ -100,3 +127,27 @@ class ValueHead(LogitHead):
 
     def __init__(self, lm: nn.Module, vocab_size: int):
         super().__init__(lm, vocab_size, ())
+
+
+class HiddenValueHead(LogitHead):
+    r"""A critic on the LM's hidden states: :math:`V_\phi(h_t) = w^\top z_t + b` (a scalar LogitHead on ``"hidden"``).
+
+    :math:`z_t` is the final hidden state of ``lm`` (``lm(ids, attention_mask, return_hidden=True)``,
+    :meth:`rlkit.llm.GPT.forward`), ``n_embd`` numbers per position, against the ``vocab_size``
+    logits that :class:`ValueHead` reads (the logits are :math:`W_e z_t`, a projection
+    of them). ``forward(ids [B, T], attention_mask=None) -> values [B, T]``; ``values[:, t]`` is the
+    value of the state after ``ids[:, :t + 1]``. The head starts at :math:`V \equiv` ``init``.
+    With ``freeze_body=True`` only :math:`w, b` are trained (a linear probe on frozen features).
+
+    Args:
+        lm: a model whose ``forward`` accepts ``return_hidden=True`` (e.g. a copy of the policy, or a
+            freshly initialised :class:`~rlkit.llm.GPT` to train a critic from scratch).
+        hidden_size: the width of the hidden states (default ``lm.config.n_embd``).
+        freeze_body: train only the head.
+        init: the initial value (the head's bias).
+
+    Chapter: 14_credit_over_tokens.
+    """
+
+    def __init__(self, lm: nn.Module, hidden_size: int | None = None, freeze_body: bool = False, init: float = 0.0):
+        super().__init__(lm, hidden_size, (), features="hidden", freeze_body=freeze_body, init=init)
