@@ -1,13 +1,16 @@
-"""Input checks shared by rlkit's math modules.
+"""Input checks shared by rlkit and rlkit.llm.
 
-Every public function in :mod:`rlkit.returns`, :mod:`rlkit.offpolicy`, :mod:`rlkit.divergences`,
-:mod:`rlkit.objectives` and :mod:`rlkit.trust_region` checks its arguments on entry with these
-helpers, so that a wrong call fails loudly and names the argument instead of silently broadcasting
-into a wrong answer:
+Every public function checks its arguments on entry with these helpers, so that a wrong call fails
+loudly and names the argument instead of silently broadcasting into a wrong answer:
 
 * non-tensors and non-floating tensors raise ``TypeError``;
 * shape, dtype and device mismatches raise ``ValueError`` naming both arguments;
 * discounts / lambdas / probabilities outside ``[0, 1]`` raise ``ValueError``.
+
+One name per check: an int is :func:`int_in`, a real number :func:`real_in` (finite unless
+``allow_inf``), a tensor's range or finiteness :func:`tensor_in`, a 0/1 mask :func:`check_mask`, a
+size under a limit :func:`fits`; config fields mirror them (:func:`int_field`, :func:`number_field`).
+Extend a check with an argument rather than adding a second name for it.
 
 Range checks cost one fused reduction (``torch.aminmax``) per checked tensor.
 """
@@ -749,19 +752,3 @@ def all_finite(x: Tensor, name: str) -> Tensor:  # TODO(0.3): remove once tabula
     """Deprecated: :func:`tensor_in` ``(x, name)``."""
     return tensor_in(x, name)
 
-
-# Old spellings still used outside rlkit/llm until the next commit renames them there.
-def finite_float(x, name, lo=-math.inf, hi=math.inf, lo_open=False):  # noqa: D103
-    return real_in(x, name, lo, hi, lo_open=lo_open, allow_inf=True)
-
-
-def in_unit_interval(x, name, lo=0.0, hi=1.0):  # noqa: D103
-    return tensor_in(x, name, lo, hi)
-
-
-def bool_mask(mask, ref, ref_name, name="mask"):  # noqa: D103
-    return check_mask(mask, ref, ref_name, name, as_bool=True)
-
-
-def ordered(lo, lo_name, hi, hi_name, strict=False):  # noqa: D103
-    fits(lo, lo_name, hi, hi_name, strict)

@@ -142,7 +142,7 @@ class AdaptiveKLController(KLController):
     def update(self, kl, n_steps: int = 1) -> float:
         """Update beta from the measured KL (a number or 0-dim tensor); returns the new beta."""
         kl = V.real_in(kl, "kl")
-        n_steps = V.positive_int(n_steps, "n_steps")
+        n_steps = V.int_in(n_steps, "n_steps")
         self.beta = self._step(kl, self.beta, self.factor(kl, n_steps))
         return self.beta
 

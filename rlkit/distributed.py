@@ -325,7 +325,7 @@ def _as_lags(x) -> LagDistribution:
     if x is None:
         return LagDistribution.fixed(0)
     V.instance_of(x, "lags", (LagDistribution, numbers.Integral), "LagDistribution, an int >= 0 or None")
-    return x if isinstance(x, LagDistribution) else LagDistribution.fixed(V.positive_int(x, "lags", minimum=0))
+    return x if isinstance(x, LagDistribution) else LagDistribution.fixed(V.int_in(x, "lags", 0))
 
 
 class ActorPool:
@@ -375,14 +375,14 @@ class ActorPool:
                  ray_init: Mapping | None = None):
         self.make_model = V.is_callable(make_model, "make_model")
         self.sample_fn = V.is_callable(sample_fn, "sample_fn")
-        self.n_actors = V.positive_int(n_actors, "n_actors")
+        self.n_actors = V.int_in(n_actors, "n_actors")
         self.backend = V.choice(backend, "backend", BACKENDS)
-        self.seed = V.positive_int(seed, "seed", minimum=0)
+        self.seed = V.int_in(seed, "seed", 0)
         if backend != "simulated":
             V.unused(lags, "lags", "by backend='simulated' (the real backends measure the lag)")
         self.lag_distribution = _as_lags(lags)
-        self.queue_size = V.positive_int(queue_size, "queue_size")
-        self.max_lag = None if max_lag is None else V.positive_int(max_lag, "max_lag", minimum=0)
+        self.queue_size = V.int_in(queue_size, "queue_size")
+        self.max_lag = None if max_lag is None else V.int_in(max_lag, "max_lag", 0)
         self.timeout = V.real_in(timeout, "timeout", 0.0, lo_open=True)
         if backend != "ray":
             V.unused(address, "address", "by backend='ray'")
@@ -558,7 +558,7 @@ class ActorPool:
         a frozen copy pushed into the :class:`rlkit.staleness.PolicyArchive`).
         """
         self._check_running("publish")
-        version = V.positive_int(version, "version", minimum=self.version + 1)
+        version = V.int_in(version, "version", self.version + 1)
         V.instance_of(state_dict, "state_dict", Mapping, "Mapping[str, Tensor] (model.state_dict())")
         if set(state_dict) != set(self._template):
             missing = sorted(set(self._template) - set(state_dict))
@@ -593,7 +593,7 @@ class ActorPool:
         pool's ``timeout``); the samples that did arrive are not lost: the next ``get`` returns them first.
         """
         self._check_running("get")
-        n = V.positive_int(n, "n")
+        n = V.int_in(n, "n")
         timeout = self.timeout if timeout is None else V.real_in(timeout, "timeout", 0.0, lo_open=True)
         if self.version < 0:
             raise RuntimeError("get: publish the first weights (pool.publish(model.state_dict(), version=0)) "
@@ -759,8 +759,8 @@ class GroupSampler:
     def __post_init__(self):
         from .llm import Task
         V.instance_of(self.task, "GroupSampler.task", (str, Task), "task name or rlkit.llm.Task")
-        V.positive_int(self.group_size, "GroupSampler.group_size")
-        V.positive_int(self.prompts, "GroupSampler.prompts")
+        V.int_in(self.group_size, "GroupSampler.group_size")
+        V.int_in(self.prompts, "GroupSampler.prompts")
         V.real_in(self.temperature, "GroupSampler.temperature", 0.0, lo_open=True)
 
     def __call__(self, model, rng_seed: int, request: int):

@@ -360,7 +360,7 @@ def wasserstein_dro(values: Tensor, cost: Tensor, eps: float, p: Tensor) -> DROR
         raise ValueError(f"cost must have shape [n, m] = [len(p), len(values)] = (?, {values.shape[0]}), "
                          f"got {tuple(cost.shape)}")
     V.tensor_in(cost, "cost", 0.0)
-    V.all_finite(values, "values")
+    V.tensor_in(values, "values")
     V.distribution(p, "p", "the base distribution over the source points", shape=(cost.shape[0],))
     eps = V.real_in(eps, "eps", 0.0)
     v, C = values.detach().double(), cost.detach().double()

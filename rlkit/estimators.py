@@ -76,10 +76,10 @@ def effective_sample_size(log_weights: Tensor | None = None, *, weights: Tensor 
     """
     name = V.one_of(log_weights=log_weights, weights=weights)
     x = V.float_tensor(weights if weights is not None else log_weights, name, min_dim=0 if dim is None else 1)
-    m = V.bool_mask(mask, x, name)
+    m = V.check_mask(mask, x, name, as_bool=True)
     V.boolean(share, "share")
     if dim is not None:
-        V.int_in_range(dim, "dim", -x.dim(), x.dim() - 1)
+        V.int_in(dim, "dim", -x.dim(), x.dim() - 1)
     real = x if m is None else x[m]
     if weights is not None:
         V.tensor_in(real, "weights", 0.0)
@@ -131,7 +131,7 @@ def importance_weight_variance(logits_p: Tensor, logits_q: Tensor, horizon: int 
     V.float_tensor(logits_p, "logits_p", min_dim=1)
     V.float_tensor(logits_q, "logits_q", min_dim=1)
     V.same_layout(logits_p, "logits_p", logits_q, "logits_q")
-    horizon = V.positive_int(horizon, "horizon")
+    horizon = V.int_in(horizon, "horizon")
     logp = torch.log_softmax(logits_p, dim=-1)
     logq = torch.log_softmax(logits_q, dim=-1)
     # terms with p = 0 contribute 0 whatever q is; p > 0 = q gives +inf
@@ -255,7 +255,7 @@ def trace_covariance(samples: Tensor) -> float:
     Chapter: 02_advantage_gae.
     """
     M = V.layout("M P", floating=True, samples=samples)["M"]
-    V.positive_int(M, "the number of samples samples.shape[0]", minimum=2)
+    V.int_in(M, "the number of samples samples.shape[0]", 2)
     x = samples.detach().to(torch.float64)
     return float(((x - x.mean(0)) ** 2).sum() / (x.shape[0] - 1))
 
@@ -335,7 +335,7 @@ def gradient_bias_variance(estimates: Tensor, reference: Tensor, *, mean: Tensor
     else:
         V.layout("P", sizes, floating=True, mean=mean)
         V.given(mean_noise, "mean_noise", "mean= needs it (the expected squared noise of mean - reference)")
-        noise = V.finite_float(mean_noise, "mean_noise", 0.0)
+        noise = V.real_in(mean_noise, "mean_noise", 0.0)
         avg = mean.detach().to(device=est.device, dtype=torch.float64)
     u = ref / ref_norm
     bias2_raw = float(((avg - ref) ** 2).sum())

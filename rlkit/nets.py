@@ -69,13 +69,13 @@ def mlp(in_dim: int, out_dim: int, hidden: int | Sequence[int] = 64, layers: int
     Returns:
         an ``nn.Sequential`` mapping ``[..., in_dim]`` to ``[..., out_dim]``.
     """
-    V.positive_int(in_dim, "in_dim")
-    V.positive_int(out_dim, "out_dim")
+    V.int_in(in_dim, "in_dim")
+    V.int_in(out_dim, "out_dim")
     if isinstance(hidden, int) and not isinstance(hidden, bool):
-        widths = [V.positive_int(hidden, "hidden")] * V.positive_int(layers, "layers", minimum=0)
+        widths = [V.int_in(hidden, "hidden")] * V.int_in(layers, "layers", 0)
     else:
         V.instance_of(hidden, "hidden", (list, tuple), "list of ints (or an int)")
-        widths = [V.positive_int(w, f"hidden[{i}]") for i, w in enumerate(hidden)]
+        widths = [V.int_in(w, f"hidden[{i}]") for i, w in enumerate(hidden)]
     V.is_callable(activation, "activation")
     mods: list[nn.Module] = []
     prev = in_dim
@@ -101,8 +101,8 @@ class CategoricalPolicy(nn.Module):
 
     def __init__(self, obs_dim: int, n_actions: int, hidden: int | Sequence[int] = 64, layers: int = 2):
         super().__init__()
-        self.obs_dim = V.positive_int(obs_dim, "obs_dim")
-        self.n_actions = V.positive_int(n_actions, "n_actions")
+        self.obs_dim = V.int_in(obs_dim, "obs_dim")
+        self.n_actions = V.int_in(n_actions, "n_actions")
         self.net = mlp(obs_dim, n_actions, hidden, layers, out_std=0.01)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
@@ -142,7 +142,7 @@ class ValueNet(nn.Module):
 
     def __init__(self, obs_dim: int, hidden: int | Sequence[int] = 64, layers: int = 2):
         super().__init__()
-        self.obs_dim = V.positive_int(obs_dim, "obs_dim")
+        self.obs_dim = V.int_in(obs_dim, "obs_dim")
         self.net = mlp(obs_dim, 1, hidden, layers, out_std=1.0)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
@@ -185,7 +185,7 @@ def obs_dim_of(space) -> int:
     """Flat observation size of a gymnasium ``Box`` space (raises for other spaces)."""
     import gymnasium as gym
     V.instance_of(space, "the observation space", gym.spaces.Box, "gymnasium Box")
-    V.int_in_range(len(space.shape), "the number of dimensions of the observation space", 1, 1)
+    V.int_in(len(space.shape), "the number of dimensions of the observation space", 1, 1)
     return int(space.shape[0])
 
 

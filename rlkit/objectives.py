@@ -109,7 +109,7 @@ def aggregate(loss_per_token: Tensor, mask: Tensor | None = None, mode: str = "t
     if mode != "seq-mean-token-sum-norm":
         V.unused(max_len, "max_len", "by mode='seq-mean-token-sum-norm'")
     elif max_len is not None:
-        max_len = V.positive_int(max_len, "max_len")
+        max_len = V.int_in(max_len, "max_len")
     if mode in ("token-mean", "seq-mean-token-mean") and m is None:
         return masked_mean(x)
     if mode == "token-mean":
@@ -465,7 +465,7 @@ def clipped_policy_loss(method: str, logp_new: Tensor, logp_prox: Tensor, logp_b
 
 def _groups(rewards, group_size: int, min_size: int = 1) -> tuple[Tensor, int]:
     V.float_tensor(rewards, "rewards", min_dim=1)
-    G = V.positive_int(group_size, "group_size", minimum=min_size)
+    G = V.int_in(group_size, "group_size", min_size)
     n = rewards.shape[-1]
     V.divisible(n, "rewards.shape[-1] (consecutive groups of group_size completions)", G, "group_size")
     return rewards.reshape(*rewards.shape[:-1], n // G, G), G
@@ -506,7 +506,7 @@ def grpo_advantages(rewards: Tensor, group_size: int, scale: str = "std",
     """
     g, G = _groups(rewards, group_size)
     V.choice(scale, "scale", ("std", "none"))
-    eps = V.finite_float(eps, "eps", 0.0, lo_open=True)
+    eps = V.real_in(eps, "eps", 0.0, lo_open=True)
     adv = _centred(g, g.mean(-1, keepdim=True), (g.amax(-1, keepdim=True) == g.amin(-1, keepdim=True)))
     if scale == "std":
         std = g.std(-1, keepdim=True) if G > 1 else torch.zeros_like(adv)
@@ -554,7 +554,7 @@ def normalize_advantages(adv: Tensor, mask: Tensor | None = None, eps: float = 1
     """
     V.float_tensor(adv, "adv", min_dim=0)
     m = V.check_mask(mask, adv, "adv")
-    eps = V.finite_float(eps, "eps", 0.0, lo_open=True)
+    eps = V.real_in(eps, "eps", 0.0, lo_open=True)
     if adv.numel() == 0:
         return adv.clone()
     if m is None:

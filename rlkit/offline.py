@@ -70,7 +70,7 @@ def expectile_loss(diff: Tensor, kappa: float = 0.7, mask: Tensor | None = None)
     """
     V.float_tensor(diff, "diff", min_dim=0)
     kappa = V.real_in(kappa, "kappa", 0.0, 1.0, lo_open=True, hi_open=True)
-    m = V.bool_mask(mask, diff, "diff")
+    m = V.check_mask(mask, diff, "diff", as_bool=True)
     zero = torch.zeros((), dtype=diff.dtype, device=diff.device)
     u = diff if m is None else torch.where(m, diff, zero)
     w = torch.where(u < 0, torch.full((), 1.0 - kappa, dtype=u.dtype, device=u.device),
@@ -106,12 +106,12 @@ def awr_weights(advantages: Tensor, beta: float = 1.0, max_weight: float = 100.0
     beta = V.real_in(beta, "beta", 0.0, lo_open=True)
     if not (isinstance(max_weight, (int, float)) and max_weight == math.inf):
         max_weight = V.real_in(max_weight, "max_weight", 0.0, lo_open=True)
-    m = V.bool_mask(mask, advantages, "advantages")
+    m = V.check_mask(mask, advantages, "advantages", as_bool=True)
     a = advantages.detach()
     zero = torch.zeros((), dtype=a.dtype, device=a.device)
     if m is not None:
         a = torch.where(m, a, zero)
-    V.all_finite(a, "advantages (at real entries)")
+    V.tensor_in(a, "advantages (at real entries)")
     w = torch.exp(torch.clamp(a / beta, max=math.log(max_weight)))     # log(inf) = inf: no clip
     return w if m is None else torch.where(m, w, zero)
 
@@ -143,7 +143,7 @@ def cql_penalty(q_values: Tensor, actions: Tensor, mask: Tensor | None = None, t
     V.index_tensor(actions, "actions", shape=tuple(q_values.shape[:-1]), n=q_values.shape[-1])
     temperature = V.real_in(temperature, "temperature", 0.0, lo_open=True)
     ref = q_values[..., 0]
-    m = V.bool_mask(mask, ref, "q_values[..., 0]")
+    m = V.check_mask(mask, ref, "q_values[..., 0]", as_bool=True)
     q = q_values if m is None else torch.where(m[..., None], q_values, torch.zeros((), dtype=q_values.dtype,
                                                                                   device=q_values.device))
     soft = temperature * torch.logsumexp(q / temperature, dim=-1)
@@ -170,7 +170,7 @@ def sequence_log_ratios(target_logprobs: Tensor, behaviour_logprobs: Tensor, mas
     V.matching_floats(target_logprobs=target_logprobs, behaviour_logprobs=behaviour_logprobs, min_dim=2)
     if target_logprobs.dim() != 2:
         raise ValueError(f"target_logprobs must be [N, T], got shape {tuple(target_logprobs.shape)}")
-    m = V.bool_mask(mask, target_logprobs, "target_logprobs")
+    m = V.check_mask(mask, target_logprobs, "target_logprobs", as_bool=True)
     if m is None:
         raise TypeError("mask must be a tensor of real tokens, got None")
     zero = torch.zeros((), dtype=target_logprobs.dtype, device=target_logprobs.device)

@@ -152,7 +152,7 @@ def vtrace(log_rhos: Tensor, rewards: Tensor, values: Tensor, next_values: Tenso
     """
     V.matching_floats(rewards=rewards, log_rhos=log_rhos, values=values,
                       next_values=next_values, discounts=discounts)
-    V.in_unit_interval(discounts, "discounts")
+    V.tensor_in(discounts, "discounts", 0.0, 1.0)
     clip_rho = V.real_in(clip_rho, "clip_rho", 0.0, lo_open=True)
     clip_c = V.real_in(clip_c, "clip_c", 0.0, lo_open=True)
     lam = V.scalar_or_like(lam, "lam", rewards, "rewards")
@@ -258,8 +258,8 @@ def off_policy_q_returns(traces: Tensor, rewards: Tensor, q_taken: Tensor, next_
     """
     V.matching_floats(rewards=rewards, traces=traces, q_taken=q_taken, next_values=next_values,
                       discounts=discounts)
-    V.in_unit_interval(discounts, "discounts")
-    V.all_finite(traces, "traces")
+    V.tensor_in(discounts, "discounts", 0.0, 1.0)
+    V.tensor_in(traces, "traces")
     lam = V.scalar_or_like(lam, "lam", rewards, "rewards")
     with torch.no_grad():
         if _blocked_pays(rewards):

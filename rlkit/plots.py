@@ -44,7 +44,7 @@ def mean_band(ax, x, ys, label=None, color=None, band="minmax", alpha=0.2, **lin
     x = np.asarray(x, dtype=float)
     ys = np.asarray(ys, dtype=float)
     V.layout("points", V.layout("seeds points", ys=torch.from_numpy(ys)), x=torch.from_numpy(x))
-    V.positive_int(ys.shape[0], "the number of seeds, ys.shape[0],")
+    V.int_in(ys.shape[0], "the number of seeds, ys.shape[0],")
     V.choice(band, "band", ["minmax", "std", "sem"])
     mean = np.nanmean(ys, axis=0)
     if band == "minmax":
@@ -63,7 +63,7 @@ def mean_band(ax, x, ys, label=None, color=None, band="minmax", alpha=0.2, **lin
 def smooth(y, window: int = 10):
     """Trailing moving average (the first points average over what is available)."""
     y = np.asarray(y, dtype=float)
-    V.positive_int(window, "window")
+    V.int_in(window, "window")
     c = np.cumsum(np.insert(y, 0, 0.0))
     out = np.empty_like(y)
     for i in range(len(y)):

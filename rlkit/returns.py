@@ -194,7 +194,7 @@ def discounted_returns(rewards: Tensor, discounts: Tensor, bootstrap: FloatOrTen
     Chapter: 01_policy_gradient (reward-to-go for REINFORCE).
     """
     V.matching_floats(rewards=rewards, discounts=discounts)
-    V.in_unit_interval(discounts, "discounts")
+    V.tensor_in(discounts, "discounts", 0.0, 1.0)
     G = V.finite_per_row(bootstrap, "bootstrap", rewards, "rewards")     # G_T
     if _blocked_pays(rewards, discounts, G):
         return _scan(discounts, rewards, G)
@@ -218,7 +218,7 @@ def td_errors(rewards: Tensor, values: Tensor, next_values: Tensor, discounts: T
     """
     V.matching_floats(rewards=rewards, values=values, next_values=next_values,
                       discounts=discounts)
-    V.in_unit_interval(discounts, "discounts")
+    V.tensor_in(discounts, "discounts", 0.0, 1.0)
     return rewards + discounts * next_values - values
 
 
@@ -247,8 +247,8 @@ def n_step_returns(rewards: Tensor, discounts: Tensor, next_values: Tensor, n: i
     Chapter: Part III, "n-step and TD(lambda) for long text".
     """
     V.matching_floats(rewards=rewards, discounts=discounts, next_values=next_values)
-    V.in_unit_interval(discounts, "discounts")
-    n = V.positive_int(n, "n")
+    V.tensor_in(discounts, "discounts", 0.0, 1.0)
+    n = V.int_in(n, "n")
     # h[..., t] holds G^{(k-1)}_{t+1}: the (k-1)-step return starting at t+1, with the
     # convention that a window starting past the end is next_values[..., T-1].
     h = next_values
@@ -283,7 +283,7 @@ def lambda_returns(rewards: Tensor, discounts: Tensor, next_values: Tensor,
     Chapter: 02_advantage_gae, and Part III for long text.
     """
     V.matching_floats(rewards=rewards, discounts=discounts, next_values=next_values)
-    V.in_unit_interval(discounts, "discounts")
+    V.tensor_in(discounts, "discounts", 0.0, 1.0)
     lam = V.scalar_or_like(lam, "lam", rewards, "rewards")
     if _blocked_pays(rewards, discounts, next_values, lam):
         return _lambda_returns_blocked(rewards, discounts, next_values, lam)
@@ -324,7 +324,7 @@ def gae(rewards: Tensor, values: Tensor, next_values: Tensor, discounts: Tensor,
     """
     V.matching_floats(rewards=rewards, values=values, next_values=next_values,
                       discounts=discounts)
-    V.in_unit_interval(discounts, "discounts")
+    V.tensor_in(discounts, "discounts", 0.0, 1.0)
     lam = V.scalar_or_like(lam, "lam", rewards, "rewards")
     if _blocked_pays(rewards, values, next_values, discounts, lam):   # same numbers, faster
         advantages = _gae_blocked(rewards, values, next_values, discounts, lam)
@@ -370,7 +370,7 @@ def from_gymnasium(terminated, truncated, gamma: float,
 
     Chapter: 02_advantage_gae (the section on truncation and autoreset).
     """
-    gamma = V.finite_float(gamma, "gamma", 0.0, 1.0)
+    gamma = V.real_in(gamma, "gamma", 0.0, 1.0)
     term = V.bool_flags(terminated, "terminated")
     trunc = V.same_layout(term, "terminated", V.bool_flags(truncated, "truncated"), "truncated")
     dtype = V.floating_dtype(torch.get_default_dtype() if dtype is None else dtype, "dtype")

@@ -68,8 +68,8 @@ def enumerate_responses(vocab_size: int, length: int) -> Tensor:
 
     Returns: int64 ``[vocab_size ** length, length]``.  Chapter: 05_onpolicy_offpolicy_drift.
     """
-    V.positive_int(vocab_size, "vocab_size")
-    V.positive_int(length, "length")
+    V.int_in(vocab_size, "vocab_size")
+    V.int_in(length, "length")
     n = V.fits(vocab_size ** length, "vocab_size ** length", _MAX_RESPONSES, "the most responses enumerated")
     idx = torch.arange(n)
     powers = vocab_size ** torch.arange(length - 1, -1, -1)
@@ -84,7 +84,7 @@ def token_counts(responses: Tensor, vocab_size: int) -> Tensor:
 
     Returns: float32 ``[..., vocab_size]`` (each row sums to ``length``).
     """
-    V.positive_int(vocab_size, "vocab_size")
+    V.int_in(vocab_size, "vocab_size")
     V.layout("... length", responses=V.index_tensor(responses, "responses", n=vocab_size))
     return nn.functional.one_hot(responses, vocab_size).sum(-2).float()
 
@@ -108,7 +108,7 @@ class ResponseBandit:
 
     def sample(self, n: int, logprobs: Tensor | None = None, generator: torch.Generator | None = None) -> Tensor:
         """Indices ``[n]`` of responses drawn from ``softmax(logprobs)`` (default: pi_ref)."""
-        V.positive_int(n, "n")
+        V.int_in(n, "n")
         lp = self.ref_logprobs if logprobs is None else logprobs
         V.exact_shape(V.float_tensor(lp, "logprobs"), "logprobs", self.true_reward.shape, "[N], one per response")
         return torch.multinomial(torch.softmax(lp, -1), n, replacement=True, generator=generator)
@@ -135,13 +135,13 @@ def flattery_bandit(length: int = 6, p_flattery: float = 0.06, quality=(0.0, 0.2
 
     Returns: a :class:`ResponseBandit` with ``(K + 1) ** length`` responses.
     """
-    V.positive_int(length, "length")
+    V.int_in(length, "length")
     p_flattery = V.real_in(p_flattery, "p_flattery", 0.0, 1.0, lo_open=True, hi_open=True)
     q = V.tensor_in(torch.tensor(V.real_list(quality, "quality"), dtype=torch.float32), "quality")
-    V.positive_int(q.numel(), "len(quality)")
-    V.finite_float(flattery_gain, "flattery_gain")
-    V.positive_int(flattery_budget, "flattery_budget", minimum=0)
-    V.finite_float(flattery_penalty, "flattery_penalty", 0.0)
+    V.int_in(q.numel(), "len(quality)")
+    V.real_in(flattery_gain, "flattery_gain")
+    V.int_in(flattery_budget, "flattery_budget", 0)
+    V.real_in(flattery_penalty, "flattery_penalty", 0.0)
     k = q.numel()
     vocab = k + 1
     responses = enumerate_responses(vocab, length)
@@ -174,7 +174,7 @@ class RewardNet(nn.Module):
 
     def __init__(self, in_dim: int, hidden: int = 32, layers: int = 2, activation: type[nn.Module] = nn.ReLU):
         super().__init__()
-        self.in_dim = V.positive_int(in_dim, "in_dim")
+        self.in_dim = V.int_in(in_dim, "in_dim")
         self.net = mlp(in_dim, 1, hidden, layers, out_std=1.0, activation=activation)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -196,7 +196,7 @@ def simulate_preferences(r_a: Tensor, r_b: Tensor, scale: float = 1.0,
     V.float_tensor(r_a, "r_a", min_dim=0)
     V.float_tensor(r_b, "r_b", min_dim=0)
     V.same_layout(r_a, "r_a", r_b, "r_b")
-    scale = V.finite_float(scale, "scale", 0.0, lo_open=True)
+    scale = V.real_in(scale, "scale", 0.0, lo_open=True)
     p = torch.sigmoid((r_a - r_b) / scale)
     u = torch.rand(p.shape, generator=generator, dtype=p.dtype, device=p.device)
     return u < p
@@ -235,11 +235,11 @@ def fit_bradley_terry(net: nn.Module, x_chosen: Tensor, x_rejected: Tensor, epoc
     V.float_tensor(x_chosen, "x_chosen", min_dim=2)
     V.float_tensor(x_rejected, "x_rejected", min_dim=2)
     V.same_layout(x_chosen, "x_chosen", x_rejected, "x_rejected")
-    epochs = V.positive_int(epochs, "epochs")
-    lr = V.finite_float(lr, "lr", 0.0, lo_open=True)
-    weight_decay = V.finite_float(weight_decay, "weight_decay", 0.0)
+    epochs = V.int_in(epochs, "epochs")
+    lr = V.real_in(lr, "lr", 0.0, lo_open=True)
+    weight_decay = V.real_in(weight_decay, "weight_decay", 0.0)
     m = x_chosen.shape[0]
-    bs = m if batch_size is None else V.positive_int(batch_size, "batch_size")
+    bs = m if batch_size is None else V.int_in(batch_size, "batch_size")
     opt = torch.optim.Adam(net.parameters(), lr=lr, weight_decay=weight_decay)
     losses = []
     for _ in range(epochs):
@@ -276,7 +276,7 @@ def fit_reward_model(task: ResponseBandit, n_pairs: int = 1000, noise: float = 0
     generator seed gives the same reward model whatever ran before.
     """
     V.instance_of(task, "task", ResponseBandit)
-    n_pairs = V.positive_int(n_pairs, "n_pairs")
+    n_pairs = V.int_in(n_pairs, "n_pairs")
     a = task.sample(n_pairs, generator=generator)
     b = task.sample(n_pairs, generator=generator)
     a_wins = simulate_preferences(task.true_reward[a], task.true_reward[b], scale=noise, generator=generator)
@@ -319,7 +319,7 @@ def kl_regularised_optimum(ref_logprobs: Tensor, reward: Tensor, beta: float) ->
     V.float_tensor(ref_logprobs, "ref_logprobs")
     V.float_tensor(reward, "reward")
     V.same_layout(ref_logprobs, "ref_logprobs", reward, "reward")
-    beta = V.finite_float(beta, "beta", 0.0, math.inf, lo_open=True) if beta != math.inf else math.inf
+    beta = V.real_in(beta, "beta", 0.0, lo_open=True, allow_inf=True)
     if beta == math.inf:
         return torch.log_softmax(ref_logprobs, -1)
     return torch.log_softmax(ref_logprobs + reward / beta, -1)
@@ -340,7 +340,7 @@ def best_of_n(ref_logprobs: Tensor, proxy: Tensor, n: int) -> Tensor:
     Returns: ``[N]`` log-probabilities (``-inf`` where impossible).
     """
     _per_response(ref_logprobs=ref_logprobs, proxy=proxy)
-    n = V.positive_int(n, "n")
+    n = V.int_in(n, "n")
     p = torch.softmax(ref_logprobs.double(), -1)
     values, group = torch.unique(proxy.double(), sorted=True, return_inverse=True)
     mass = torch.zeros(values.numel(), dtype=torch.float64, device=p.device).index_add_(0, group, p)
@@ -394,12 +394,12 @@ def optimise_policy(ref_logprobs: Tensor, proxy: Tensor, beta: float = 0.0, step
         tracked reward.
     """
     _per_response(ref_logprobs=ref_logprobs, proxy=proxy)
-    beta = V.finite_float(beta, "beta", 0.0)
-    steps = V.positive_int(steps, "steps", minimum=0)
-    lr = V.finite_float(lr, "lr", 0.0, lo_open=True)
-    record_every = V.positive_int(record_every, "record_every")
+    beta = V.real_in(beta, "beta", 0.0)
+    steps = V.int_in(steps, "steps", 0)
+    lr = V.real_in(lr, "lr", 0.0, lo_open=True)
+    record_every = V.int_in(record_every, "record_every")
     if samples is not None:
-        samples = V.positive_int(samples, "samples", minimum=2)
+        samples = V.int_in(samples, "samples", 2)
     ref = torch.log_softmax(ref_logprobs.detach(), -1)
     proxy = proxy.detach()
     logits = ref.clone().requires_grad_(True)
@@ -473,15 +473,15 @@ class RewardEnsemble(nn.Module):
 
     def __init__(self, in_dim: int, k: int, hidden: int = 32, layers: int = 2, seeds=None):
         super().__init__()
-        self.in_dim = V.positive_int(in_dim, "in_dim")
-        self.k = V.positive_int(k, "k")
-        V.positive_int(hidden, "hidden")
-        V.positive_int(layers, "layers")
+        self.in_dim = V.int_in(in_dim, "in_dim")
+        self.k = V.int_in(k, "k")
+        V.int_in(hidden, "hidden")
+        V.int_in(layers, "layers")
         if seeds is not None:
             V.instance_of(seeds, "seeds", (list, tuple), "list of ints")
             if len(seeds) != self.k:
                 raise ValueError(f"seeds must hold k = {self.k} ints, got {len(seeds)}")
-            seeds = [V.int_in_range(s, f"seeds[{i}]", 0, 2**63 - 1) for i, s in enumerate(seeds)]
+            seeds = [V.int_in(s, f"seeds[{i}]", 0, 2**63 - 1) for i, s in enumerate(seeds)]
         nets = []
         for i in range(self.k):
             if seeds is None:
@@ -505,7 +505,7 @@ class RewardEnsemble(nn.Module):
     def from_nets(cls, nets) -> RewardEnsemble:
         """An ensemble whose members are copies of the given :class:`RewardNet` s (same architecture)."""
         nets = V.tuple_of(nets, "nets", RewardNet)
-        V.positive_int(len(nets), "len(nets)")
+        V.int_in(len(nets), "len(nets)")
         shapes = [[tuple(p.shape) for p in n.parameters()] for n in nets]
         if any(s != shapes[0] for s in shapes):
             raise ValueError("from_nets: every net must have the same architecture")
@@ -531,7 +531,7 @@ class RewardEnsemble(nn.Module):
 
     def member(self, i: int) -> RewardNet:
         """Member ``i`` as a stand-alone :class:`RewardNet` (a copy)."""
-        i = V.int_in_range(i, "i", 0, self.k - 1)
+        i = V.int_in(i, "i", 0, self.k - 1)
         hidden = self.weights[0].shape[-1]
         net = RewardNet(self.in_dim, hidden, len(self.weights) - 1)
         lins = [m for m in net.net if isinstance(m, nn.Linear)]
@@ -553,7 +553,7 @@ def simulate_annotators(r_a: Tensor, r_b: Tensor, n_annotators: int, scale: floa
     Args: r_a, r_b: ``[...]`` true rewards (same shape); n_annotators >= 1; scale > 0.
     Returns: int64 ``[...]`` in ``[0, n_annotators]``. Chapter: 17_uncertainty_risk.
     """
-    n = V.positive_int(n_annotators, "n_annotators")
+    n = V.int_in(n_annotators, "n_annotators")
     votes = torch.stack([simulate_preferences(r_a, r_b, scale, generator) for _ in range(n)])
     return votes.sum(0)
 
@@ -593,9 +593,9 @@ def fit_ensemble_preferences(ensemble: RewardEnsemble, features: Tensor, idx_a: 
         V.float_tensor(weights, "weights", min_dim=2)
         V.layout("K M", sizes, weights=weights)
         V.tensor_in(weights, "weights", 0.0)
-    epochs = V.positive_int(epochs, "epochs")
-    lr = V.finite_float(lr, "lr", 0.0, lo_open=True)
-    weight_decay = V.finite_float(weight_decay, "weight_decay", 0.0)
+    epochs = V.int_in(epochs, "epochs")
+    lr = V.real_in(lr, "lr", 0.0, lo_open=True)
+    weight_decay = V.real_in(weight_decay, "weight_decay", 0.0)
     used, inv = torch.unique(torch.cat([idx_a, idx_b], 1), return_inverse=True)
     x, row = torch.unique(features[used], dim=0, return_inverse=True)   # distinct feature rows only
     inv = row[inv]
@@ -668,9 +668,9 @@ def ensemble_data(task: ResponseBandit, k: int = 5, diversity: str = "both", n_p
     ``generator``. Chapter: 17_uncertainty_risk.
     """
     V.instance_of(task, "task", ResponseBandit)
-    k = V.positive_int(k, "k")
+    k = V.int_in(k, "k")
     diversity = V.choice(diversity, "diversity", DIVERSITY)
-    n_pairs = V.positive_int(n_pairs, "n_pairs")
+    n_pairs = V.int_in(n_pairs, "n_pairs")
 
     def draw_pairs():
         a = task.sample(n_pairs, generator=generator)
@@ -732,8 +732,8 @@ def ensemble_disagreement(scores: Tensor, dim: int = 0) -> Tensor:
     Chapter: 17_uncertainty_risk.
     """
     V.float_tensor(scores, "scores")
-    dim = V.int_in_range(dim, "dim", -scores.dim(), scores.dim() - 1)
-    V.positive_int(scores.shape[dim], "the number of members (scores.shape[dim])")
+    dim = V.int_in(dim, "dim", -scores.dim(), scores.dim() - 1)
+    V.int_in(scores.shape[dim], "the number of members (scores.shape[dim])")
     V.tensor_in(scores, "scores")
     return ((scores - scores.mean(dim, keepdim=True)) ** 2).mean(dim).sqrt()
 
@@ -776,16 +776,16 @@ def natural_policy_ascent(ref_logprobs: Tensor, reward: Tensor, weights: Tensor 
         _per_response(ref_logprobs=ref_logprobs, weights=weights)
         V.tensor_in(weights, "weights", 0.0, lo_open=True)
     V.tensor_in(reward, "reward")
-    beta = V.finite_float(beta, "beta", 0.0)
-    steps = V.positive_int(steps, "steps", minimum=0)
+    beta = V.real_in(beta, "beta", 0.0)
+    steps = V.int_in(steps, "steps", 0)
     if isinstance(lr, (list, tuple)) or (isinstance(lr, Tensor) and lr.dim() > 0):
         lrs = V.real_list(lr, "lr")
         if len(lrs) != steps:
             raise ValueError(f"lr must be one number or {steps} numbers (one per step), got {len(lrs)}")
         lrs = [V.real_in(x, f"lr[{i}]", 0.0, lo_open=True) for i, x in enumerate(lrs)]
     else:
-        lrs = [V.finite_float(lr, "lr", 0.0, lo_open=True)] * steps
-    record_every = V.positive_int(record_every, "record_every")
+        lrs = [V.real_in(lr, "lr", 0.0, lo_open=True)] * steps
+    record_every = V.int_in(record_every, "record_every")
     ref = torch.log_softmax(ref_logprobs.detach(), -1)
     reward, weights = reward.detach(), weights.detach()
     theta = ref.clone()

@@ -79,10 +79,10 @@ def ensemble_aggregate(scores: Tensor, rule: str = "mean", k: float = 1.0, tau: 
     """
     V.float_tensor(scores, "scores", min_dim=1)
     rule = V.choice(rule, "rule", ENSEMBLE_RULES)
-    k = V.finite_float(k, "k", 0.0)
-    tau = V.finite_float(tau, "tau", 0.0, lo_open=True)
-    dim = V.int_in_range(dim, "dim", -scores.dim(), scores.dim() - 1)
-    V.positive_int(scores.shape[dim], "the number of ensemble members (scores.shape[dim])")
+    k = V.real_in(k, "k", 0.0)
+    tau = V.real_in(tau, "tau", 0.0, lo_open=True)
+    dim = V.int_in(dim, "dim", -scores.dim(), scores.dim() - 1)
+    V.int_in(scores.shape[dim], "the number of ensemble members (scores.shape[dim])")
     V.tensor_in(scores, "scores")
     mean = scores.mean(dim)
     if rule == "mean":
@@ -114,7 +114,7 @@ def downweighted_advantages(advantages: Tensor, sigma: Tensor, alpha: float) -> 
     V.float_tensor(sigma, "sigma", min_dim=0)
     V.same_layout(advantages, "advantages", sigma, "sigma")
     V.tensor_in(sigma, "sigma", 0.0)
-    alpha = V.finite_float(alpha, "alpha", 0.0)
+    alpha = V.real_in(alpha, "alpha", 0.0)
     return advantages / (1.0 + alpha * sigma)
 
 
@@ -128,7 +128,7 @@ def quantile_levels(m: int, dtype: torch.dtype = torch.float32, device=None) -> 
 
     Returns: ``[M]``. Chapter: 17_uncertainty_risk.
     """
-    m = V.positive_int(m, "m")
+    m = V.int_in(m, "m")
     V.floating_dtype(dtype, "dtype")
     return (2 * torch.arange(m, dtype=dtype, device=device) + 1) / (2 * m)
 
@@ -166,7 +166,7 @@ def pinball_loss(quantiles: Tensor, targets: Tensor, taus: Tensor | None = None,
     V.layout("M", {"M": m}, taus=taus)
     V.same_kind(taus, "taus", quantiles, "quantiles")
     V.tensor_in(taus, "taus", 0.0, 1.0, lo_open=True, hi_open=True)
-    kappa = V.finite_float(kappa, "kappa", 0.0)
+    kappa = V.real_in(kappa, "kappa", 0.0)
     w = V.check_mask(mask, targets, "targets")
     u = targets.unsqueeze(-1) - quantiles
     if w is not None:  # padding may hold anything (NaN too): zero it before it can reach the sum
@@ -188,8 +188,8 @@ def pinball_loss(quantiles: Tensor, targets: Tensor, taus: Tensor | None = None,
 
 def _to_last(values: Tensor, weights: Tensor | None, dim: int, caller: str):
     V.float_tensor(values, "values", min_dim=1)
-    dim = V.int_in_range(dim, "dim", -values.dim(), values.dim() - 1)
-    V.positive_int(values.shape[dim], f"{caller}: the number of values along dim (values.shape[dim])")
+    dim = V.int_in(dim, "dim", -values.dim(), values.dim() - 1)
+    V.int_in(values.shape[dim], f"{caller}: the number of values along dim (values.shape[dim])")
     V.tensor_in(values, "values")
     x = values.movedim(dim, -1)
     if weights is None:
@@ -228,7 +228,7 @@ def value_at_risk(values: Tensor, alpha: float, weights: Tensor | None = None, d
 
     Returns: ``values`` with ``dim`` removed. Chapter: 17_uncertainty_risk.
     """
-    alpha = V.finite_float(alpha, "alpha", 0.0, 1.0, lo_open=True)
+    alpha = V.real_in(alpha, "alpha", 0.0, 1.0, lo_open=True)
     x, w, _ = _to_last(values, weights, dim, "value_at_risk")
     return _var_last(x, w, alpha)
 
@@ -251,7 +251,7 @@ def cvar_weights(values: Tensor, alpha: float, weights: Tensor | None = None, di
     Args: as :func:`value_at_risk`.
     Returns: ``[..., n, ...]`` like ``values``. Chapter: 17_uncertainty_risk.
     """
-    alpha = V.finite_float(alpha, "alpha", 0.0, 1.0, lo_open=True)
+    alpha = V.real_in(alpha, "alpha", 0.0, 1.0, lo_open=True)
     x, w, dim = _to_last(values, weights, dim, "cvar_weights")
     q = _var_last(x, w, alpha).unsqueeze(-1)
     below, at = x < q, x == q
@@ -278,7 +278,7 @@ def cvar(values: Tensor, alpha: float, weights: Tensor | None = None, dim: int =
     Args: as :func:`value_at_risk`.
     Returns: ``values`` with ``dim`` removed. Chapter: 17_uncertainty_risk.
     """
-    alpha = V.finite_float(alpha, "alpha", 0.0, 1.0, lo_open=True)
+    alpha = V.real_in(alpha, "alpha", 0.0, 1.0, lo_open=True)
     c = cvar_weights(values, alpha, weights, dim)
     return (c * values).sum(dim)
 
@@ -297,8 +297,8 @@ def cvar_from_quantiles(quantiles: Tensor, alpha: float) -> Tensor:
     Returns: ``[...]``. Chapter: 17_uncertainty_risk.
     """
     V.float_tensor(quantiles, "quantiles", min_dim=1)
-    alpha = V.finite_float(alpha, "alpha", 0.0, 1.0, lo_open=True)
-    m = V.positive_int(quantiles.shape[-1], "the number of quantiles (quantiles.shape[-1])")
+    alpha = V.real_in(alpha, "alpha", 0.0, 1.0, lo_open=True)
+    m = V.int_in(quantiles.shape[-1], "the number of quantiles (quantiles.shape[-1])")
     q = quantiles.sort(-1).values
     lo = torch.arange(m, dtype=q.dtype, device=q.device) / m
     width = (alpha - lo).clamp(0.0, 1.0 / m)
@@ -331,7 +331,7 @@ def cvar_pg_weights(values: Tensor, alpha: float, var: Tensor | None = None, wei
 
     Returns: ``[..., n, ...]`` like ``values``. Chapter: 17_uncertainty_risk.
     """
-    alpha = V.finite_float(alpha, "alpha", 0.0, 1.0, lo_open=True)
+    alpha = V.real_in(alpha, "alpha", 0.0, 1.0, lo_open=True)
     x, w, dim = _to_last(values, weights, dim, "cvar_pg_weights")
     if var is None:
         q = _var_last(x, w, alpha)
@@ -415,7 +415,7 @@ def laplace_bt_covariance(phi_a: Tensor, phi_b: Tensor, w: Tensor, prior_precisi
     sizes = V.layout("M D", phi_a=phi_a)
     V.float_tensor(w, "w")
     V.layout("D", sizes, w=w)
-    lam = V.finite_float(prior_precision, "prior_precision", 0.0, lo_open=True)
+    lam = V.real_in(prior_precision, "prior_precision", 0.0, lo_open=True)
     if p_a is not None:
         V.layout("M", sizes, p_a=p_a)
     delta = (phi_a - phi_b).double()

@@ -288,9 +288,9 @@ def sample_episodes(policy: Callable[[torch.Tensor], torch.Tensor], n_episodes: 
     """
     from . import _validate as V
 
-    V.positive_int(n_episodes, "n_episodes")
-    V.positive_int(num_envs, "num_envs")
-    V.positive_int(seed, "seed", minimum=0)
+    V.int_in(n_episodes, "n_episodes")
+    V.int_in(num_envs, "num_envs")
+    V.int_in(seed, "seed", 0)
     if not callable(policy):
         raise TypeError(f"policy must be callable obs -> logits, got {type(policy).__name__}")
     if make_env is None:

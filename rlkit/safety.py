@@ -271,7 +271,7 @@ def lagrangian_advantages(adv_reward: torch.Tensor, adv_cost: torch.Tensor, lam,
     V.same_layout(adv_reward, "adv_reward", adv_cost, "adv_cost")
     lam = V.real_in(lam, "lam", 0.0)
     V.choice(scale, "scale", ("one_plus_lambda", "none"))
-    m = V.bool_mask(mask, adv_reward, "adv_reward")
+    m = V.check_mask(mask, adv_reward, "adv_reward", as_bool=True)
     out = adv_reward - lam * adv_cost
     if scale == "one_plus_lambda":
         out = out / (1.0 + lam)
@@ -491,7 +491,7 @@ def lagrangian_dynamics(ref_probs: torch.Tensor, reward: torch.Tensor, cost: tor
         raise ValueError("ref_probs must be > 0 everywhere (the softmax policy starts at the reference)")
     V.has_method(multiplier, "multiplier", "update")
     beta = V.real_in(beta, "beta", 0.0)
-    steps = V.positive_int(steps, "steps")
+    steps = V.int_in(steps, "steps")
     policy_lr = V.real_in(policy_lr, "policy_lr", 0.0, lo_open=True)
     ref, r, c, w = (x.detach().double() for x in (ref_probs, reward, cost, w))
     log_ref = ref.log()

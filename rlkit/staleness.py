@@ -98,14 +98,14 @@ class LagDistribution:
     @classmethod
     def fixed(cls, lag: int) -> LagDistribution:
         """Every batch is exactly ``lag`` versions old."""
-        lag = V.positive_int(lag, "lag", minimum=0)
+        lag = V.int_in(lag, "lag", 0)
         return cls(tuple([0.0] * lag + [1.0]))
 
     @classmethod
     def uniform(cls, max_lag: int, min_lag: int = 0) -> LagDistribution:
         """Lags ``min_lag, ..., max_lag`` with equal probability."""
-        max_lag, min_lag = V.positive_int(max_lag, "max_lag", minimum=0), V.positive_int(min_lag, "min_lag", minimum=0)
-        V.ordered(min_lag, "min_lag", max_lag, "max_lag")
+        max_lag, min_lag = V.int_in(max_lag, "max_lag", 0), V.int_in(min_lag, "min_lag", 0)
+        V.fits(min_lag, "min_lag", max_lag, "max_lag")
         n = max_lag - min_lag + 1
         return cls(tuple([0.0] * min_lag + [1.0 / n] * n))
 
@@ -115,7 +115,7 @@ class LagDistribution:
         :math:`q = m/(1+m)` chosen so that the *untruncated* mean is ``mean`` = :math:`m`
         (a queue whose consumer is usually, not always, keeping up)."""
         mean = V.real_in(mean, "mean", 0.0)
-        max_lag = V.positive_int(max_lag, "max_lag", minimum=0)
+        max_lag = V.int_in(max_lag, "max_lag", 0)
         q = mean / (1.0 + mean)
         w = [q ** l for l in range(max_lag + 1)]
         s = sum(w)
@@ -138,12 +138,12 @@ class LagDistribution:
 
     def share_at_least(self, lag: int) -> float:
         r""":math:`P(\ell \ge \text{lag})`: the share of data a window of ``lag`` versions drops."""
-        lag = V.positive_int(lag, "lag", minimum=0)
+        lag = V.int_in(lag, "lag", 0)
         return float(sum(self.probs[lag:]))
 
     def sample(self, n: int, generator: torch.Generator | None = None) -> Tensor:
         """``n`` i.i.d. lags, ``long[n]`` (on the CPU)."""
-        n = V.positive_int(n, "n")
+        n = V.int_in(n, "n")
         p = torch.tensor(self.probs, dtype=torch.float64)
         if len(self.probs) == 1:
             return torch.zeros(n, dtype=torch.long)
@@ -169,11 +169,11 @@ class PolicyArchive:
     """
 
     def __init__(self, capacity: int):
-        self.capacity = V.positive_int(capacity, "capacity")
+        self.capacity = V.int_in(capacity, "capacity")
         self._store: dict[int, torch.nn.Module] = {}
 
     def push(self, version: int, policy: torch.nn.Module) -> None:
-        version = V.positive_int(version, "version", minimum=max(self._store) + 1 if self._store else 0)
+        version = V.int_in(version, "version", max(self._store) + 1 if self._store else 0)
         V.instance_of(policy, "policy", torch.nn.Module, "torch.nn.Module")
         snap = copy.deepcopy(policy)
         snap.eval()
@@ -184,7 +184,7 @@ class PolicyArchive:
             del self._store[min(self._store)]
 
     def get(self, version: int) -> torch.nn.Module:
-        version = V.positive_int(version, "version", minimum=0)
+        version = V.int_in(version, "version", 0)
         if version not in self._store:
             raise KeyError(f"version {version} is not in the archive (held: {self.versions})")
         return self._store[version]
@@ -201,7 +201,7 @@ class PolicyArchive:
 
     def behaviour_versions(self, current: int, lags: Tensor) -> Tensor:
         """``clamp(current - lags, oldest held version)``; ``lags`` long tensor of any shape."""
-        current = V.positive_int(current, "current", minimum=0)
+        current = V.int_in(current, "current", 0)
         V.tensor_in(V.index_tensor(lags, "lags"), "lags", 0)
         if current not in self._store:
             raise ValueError(f"current version {current} is not in the archive (held: {self.versions})")
@@ -231,7 +231,7 @@ class VersionedBuffer:
     """
 
     def __init__(self, capacity: int | None = None):
-        self.capacity = None if capacity is None else V.positive_int(capacity, "capacity")
+        self.capacity = None if capacity is None else V.int_in(capacity, "capacity")
         self._chunks: list[dict[str, Tensor]] = []
         self._keys: tuple[str, ...] | None = None
 
@@ -245,7 +245,7 @@ class VersionedBuffer:
             V.index_tensor(version, "version", shape=(n,), shape_of="one version per sample of logp")
             ver = V.tensor_in(version, "version", 0).to(logp.device)
         else:
-            ver = torch.full((n,), V.positive_int(version, "version", minimum=0), dtype=torch.long, device=logp.device)
+            ver = torch.full((n,), V.int_in(version, "version", 0), dtype=torch.long, device=logp.device)
         V.distinct(fields, "the field names", reserved=("version", "age", "logp_behav"))
         for k, x in fields.items():
             V.exact_shape(V.instance_of(x, k, torch.Tensor), k, (n, *x.shape[1:]), "[n, ...] like logp")
@@ -275,9 +275,9 @@ class VersionedBuffer:
         return torch.cat([c["version"] for c in self._chunks])
 
     def take(self, current: int, window: int | None = None, consume: bool = True) -> dict[str, Tensor]:
-        current = V.positive_int(current, "current", minimum=0)
+        current = V.int_in(current, "current", 0)
         if window is not None:
-            window = V.positive_int(window, "window")
+            window = V.int_in(window, "window")
         if not self._chunks:
             raise ValueError("the buffer is empty")
         out = {k: torch.cat([c[k] for c in self._chunks]) for k in self._chunks[0]}
@@ -345,7 +345,7 @@ def staleness_filter(logp_prox: Tensor, logp_behav: Tensor, eps_stale: float, ma
     V.matching_floats(min_dim=0, logp_prox=logp_prox, logp_behav=logp_behav)
     eps_stale = V.real_in(eps_stale, "eps_stale", 0.0, lo_open=True)
     V.choice(level, "level", FILTER_LEVELS)
-    m = V.bool_mask(mask, logp_prox, "logp_prox")
+    m = V.check_mask(mask, logp_prox, "logp_prox", as_bool=True)
     log_rho = logp_prox.detach() - logp_behav.detach()
     if m is not None:
         log_rho = torch.where(m, log_rho, torch.zeros((), dtype=log_rho.dtype, device=log_rho.device))
@@ -377,8 +377,8 @@ def version_window(versions: Tensor, current: int, window: int) -> Tensor:
     Chapter: 12_clipping_staleness.
     """
     V.index_tensor(versions, "versions")
-    current = V.positive_int(current, "current", minimum=0)
-    window = V.positive_int(window, "window")
+    current = V.int_in(current, "current", 0)
+    window = V.int_in(window, "window")
     if versions.numel():
         V.fits(int(versions.max()), "the newest entry of versions", current, "current (data from the future)")
     return (current - versions) < window
@@ -402,7 +402,7 @@ def geppo_clip_radius(eps: float, version_weights: Sequence[float] | Tensor) -> 
     Args: ``eps`` > 0; ``version_weights`` non-negative, summing to 1 (index = age).
     Returns: a float. Chapter: 12_clipping_staleness.
     """
-    eps = V.finite_float(eps, "eps", 0.0, lo_open=True)
+    eps = V.real_in(eps, "eps", 0.0, lo_open=True)
     w = torch.tensor(V.probabilities(version_weights, "version_weights"), dtype=torch.float64)
     ages = torch.arange(w.numel(), dtype=torch.float64)
     return eps / float((w * (ages + 1)).sum())
@@ -423,7 +423,7 @@ def age_clip_radius(eps: float, ages: Tensor) -> Tensor:
     Returns: float tensor shaped like ``ages`` (float32 unless ``ages`` is floating).
     Chapter: 12_clipping_staleness.
     """
-    eps = V.finite_float(eps, "eps", 0.0, lo_open=True)
+    eps = V.real_in(eps, "eps", 0.0, lo_open=True)
     V.tensor_in(V.instance_of(ages, "ages", torch.Tensor, "torch.Tensor"), "ages", 0)
     a = ages if ages.is_floating_point() else ages.to(torch.float32)
     return eps / (1.0 + a)
@@ -476,7 +476,7 @@ def half_abs_ratio_diff(logp_a: Tensor, logp_b: Tensor, logp_behav: Tensor, mask
     Chapter: 11_dynamic_mixing (eq-ch11-tv-ratio); used in 12_clipping_staleness and 13.
     """
     V.matching_floats(min_dim=0, logp_a=logp_a, logp_b=logp_b, logp_behav=logp_behav)
-    m = V.bool_mask(mask, logp_a, "logp_a")
+    m = V.check_mask(mask, logp_a, "logp_a", as_bool=True)
     with torch.no_grad():
         lb = logp_behav.detach()
         d = 0.5 * _abs_exp_diff(logp_a.detach() - lb, logp_b.detach() - lb)
@@ -543,8 +543,8 @@ def mean_by_age(values: Tensor, ages: Tensor, mask: Tensor | None = None,
     V.float_tensor(values, "values", min_dim=1)
     V.index_tensor(ages, "ages", shape=(values.shape[0],), shape_of="one age per sample of values")
     V.tensor_in(ages, "ages", 0)
-    m = V.bool_mask(mask, values, "values")
-    top = (int(ages.max()) if ages.numel() else 0) if max_age is None else V.positive_int(max_age, "max_age", minimum=0)
+    m = V.check_mask(mask, values, "values", as_bool=True)
+    top = (int(ages.max()) if ages.numel() else 0) if max_age is None else V.int_in(max_age, "max_age", 0)
     w = torch.ones_like(values, dtype=values.dtype) if m is None else m.to(values.dtype)
     x = torch.where(w > 0, values, torch.zeros((), dtype=values.dtype, device=values.device))
     per = math.prod(x.shape[1:])                       # trailing (token) entries per sample; B = 0 is fine
@@ -596,10 +596,10 @@ class Threshold:
         for name in ("max", "min"):
             v = getattr(self, name)
             if v is not None:
-                object.__setattr__(self, name, V.finite_float(v, f"Threshold.{name}"))
+                object.__setattr__(self, name, V.real_in(v, f"Threshold.{name}"))
         if self.max is not None and self.min is not None:
-            V.ordered(self.min, "Threshold.min", self.max, "Threshold.max", strict=True)
-        V.positive_int(self.patience, "Threshold.patience")
+            V.fits(self.min, "Threshold.min", self.max, "Threshold.max", strict=True)
+        V.int_in(self.patience, "Threshold.patience")
 
     def violated(self, value: float) -> bool:
         if not math.isfinite(value):
@@ -656,7 +656,7 @@ class Monitor:
         self.ok = True
 
     def update(self, step: int, **metrics: float) -> list[Alert]:
-        step = V.positive_int(step, "step", minimum=0)
+        step = V.int_in(step, "step", 0)
         n = len(self.steps)
         self.steps.append(step)
         for k, v in metrics.items():
@@ -690,7 +690,7 @@ class Monitor:
     def replay(trace: Mapping[str, Sequence[float]], thresholds: Iterable[Threshold],
                steps: Sequence[int] | None = None) -> list[Alert]:
         """The alerts ``thresholds`` would have fired on a recorded ``trace`` (metric -> values)."""
-        V.positive_int(len(trace), "the number of metrics in trace")
+        V.int_in(len(trace), "the number of metrics in trace")
         (k0, v0), *rest = trace.items()
         for k, v in rest:
             V.same_length(v, f"trace[{k!r}]", v0, f"trace[{k0!r}]")
@@ -716,8 +716,8 @@ class Checkpoint:
         self._states: list | None = None
 
     def save(self, step: int, *objects) -> None:
-        step = V.positive_int(step, "step", minimum=0)
-        V.positive_int(len(objects), "the number of modules and optimisers passed to save")
+        step = V.int_in(step, "step", 0)
+        V.int_in(len(objects), "the number of modules and optimisers passed to save")
         for i, o in enumerate(objects):
             V.has_method(o, f"objects[{i}]", "state_dict")
         self._states = [copy.deepcopy(o.state_dict()) for o in objects]
@@ -750,7 +750,7 @@ ON_ALERT = ("log", "rollback", "stop")
 def _as_lag(x, name: str) -> LagDistribution:
     """The ``lag`` field: a :class:`LagDistribution`, or an int >= 0 for a fixed lag."""
     V.instance_of(x, name, (LagDistribution, numbers.Integral), "LagDistribution or an int >= 0")
-    return x if isinstance(x, LagDistribution) else LagDistribution.fixed(V.positive_int(x, name, minimum=0))
+    return x if isinstance(x, LagDistribution) else LagDistribution.fixed(V.int_in(x, name, 0))
 
 
 @dataclass(frozen=True)

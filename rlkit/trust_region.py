@@ -54,7 +54,7 @@ def conjugate_gradient(Avp: Callable[[Tensor], Tensor], b: Tensor, iters: int = 
     """
     V.is_callable(Avp, "Avp")
     V.float_tensor(b, "b", min_dim=1)
-    iters = V.positive_int(iters, "iters")
+    iters = V.int_in(iters, "iters")
     tol = V.real_in(tol, "tol", 0.0)
     b = b.detach()
     x = torch.zeros_like(b)
@@ -170,7 +170,7 @@ def backtracking_line_search(evaluate: Callable[[Tensor], tuple[float, float]],
     if expected_improvement is not None:
         expected_improvement = V.real_in(expected_improvement, "expected_improvement")
     beta = V.real_in(backtrack_ratio, "backtrack_ratio", 0.0, 1.0, lo_open=True, hi_open=True)
-    max_backtracks = V.positive_int(max_backtracks, "max_backtracks")
+    max_backtracks = V.int_in(max_backtracks, "max_backtracks")
     accept_ratio = V.real_in(accept_ratio, "accept_ratio", 0.0, 1.0)
 
     def ev(step):

@@ -69,8 +69,8 @@ def seeds(n: int, start: int = 0) -> list[int]:
     chapter on different seeds (``seeds(5)`` and ``seeds(5, start=100)``). Index results by
     ``SEEDS[0]``, never by a literal seed.
     """
-    n = V.positive_int(n, "n")
-    start = V.int_in_range(start, "start", 0, 2**31)
+    n = V.int_in(n, "n")
+    start = V.int_in(start, "start", 0, 2**31)
     base = seed_base()
     return [base + start + i for i in range(n)]
 
@@ -86,14 +86,14 @@ def seed_everything(seed: int = 0, threads: int | None = 1) -> torch.Generator:
     Pass ``threads=None`` to leave torch's setting alone, or set ``RLKIT_THREADS``.
     The same seed on the same machine gives the same numbers.
     """
-    V.int_in_range(seed, "seed", -2**63, 2**64 - 1)
+    V.int_in(seed, "seed", -2**63, 2**64 - 1)
     env_threads = os.environ.get("RLKIT_THREADS")
     if env_threads is not None:
         if not env_threads.strip().isdigit():
             raise ValueError(f"RLKIT_THREADS must be a positive int, got {env_threads!r}")
         threads = int(env_threads)
     if threads is not None:
-        torch.set_num_threads(V.positive_int(threads, "threads"))
+        torch.set_num_threads(V.int_in(threads, "threads"))
     seed = int(seed)
     random.seed(seed)
     np.random.seed(seed % (2**32))

@@ -64,7 +64,7 @@ class TrainerConfig(V.ValidatedConfig):
     total_steps: int = V.int_field(100_000)
     num_envs: int = V.int_field(8)
     gamma: float = V.number_field(0.99, **_UNIT)
-    seed: int = V.int_field(0, minimum=0)
+    seed: int = V.int_field(0, 0)
     hidden: int = V.int_field(64)
     target_return: float | None = V.number_field(None, optional=True)
     target_window: int = V.int_field(20)

@@ -187,8 +187,8 @@ def ppo_update(model, opt: torch.optim.Optimizer, obs: torch.Tensor, actions: to
         if not isinstance(x, torch.Tensor) or x.shape != (B,):
             raise ValueError(f"{name} must be a tensor of shape [{B}] (flat over the batch), got "
                              f"{getattr(x, 'shape', type(x).__name__)}")
-    V.positive_int(epochs, "epochs")
-    V.positive_int(num_minibatches, "num_minibatches")
+    V.int_in(epochs, "epochs")
+    V.int_in(num_minibatches, "num_minibatches")
     V.fits(num_minibatches, "num_minibatches", B, "the batch size")
     V.choice(mode, "mode", ("clip", "penalty"))
     with torch.no_grad():
@@ -311,7 +311,7 @@ def reuse_one_batch(model, data, epochs: int = 32, clip: bool = True, lr: float 
                              f"{getattr(x, 'shape', type(x).__name__)}")
     if n == 0:
         raise ValueError("data holds an empty batch (obs has 0 rows); reuse_one_batch needs samples")
-    V.positive_int(epochs, "epochs")
+    V.int_in(epochs, "epochs")
     V.boolean(clip, "clip")
     V.real_in(lr, "lr", 0.0, lo_open=True)
     V.real_in(clip_eps, "clip_eps", 0.0, 1.0, lo_open=True, hi_open=True)

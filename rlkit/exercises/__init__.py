@@ -76,7 +76,7 @@ class Exercise:
 
     def get_cases(self) -> list[Case]:
         cases = list(self.cases() if callable(self.cases) else self.cases)
-        V.positive_int(len(cases), f"the number of cases of exercise {self.name!r}")
+        V.int_in(len(cases), f"the number of cases of exercise {self.name!r}")
         for i, c in enumerate(cases):
             V.instance_of(c, f"exercise {self.name!r}: case {i}", Case, "Case")
         return cases

@@ -143,7 +143,7 @@ def _rtg_cases():
 def reward_to_go(rewards, discounts):
     r""":math:`G_t = r_t + \gamma_t G_{t+1}`, :math:`G_T = 0`; ``[..., T] -> [..., T]``."""
     V.matching_floats(rewards=rewards, discounts=discounts)
-    V.in_unit_interval(discounts, "discounts")
+    V.tensor_in(discounts, "discounts", 0.0, 1.0)
     out = torch.zeros_like(rewards)
     g = torch.zeros_like(rewards[..., 0])
     for t in range(rewards.shape[-1] - 1, -1, -1):

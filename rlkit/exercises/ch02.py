@@ -68,8 +68,8 @@ def _ks_cases():
 def k_step_advantage(rewards, values, next_values, discounts, k):
     r""":math:`\hat A^{(k)}_t`, the k-step bootstrapped return minus :math:`V(s_t)`; ``[..., T]``."""
     V.matching_floats(rewards=rewards, values=values, next_values=next_values, discounts=discounts)
-    V.in_unit_interval(discounts, "discounts")
-    k = V.positive_int(k, "k")
+    V.tensor_in(discounts, "discounts", 0.0, 1.0)
+    k = V.int_in(k, "k")
     T = rewards.shape[-1]
     out = torch.empty_like(rewards)
     for t in range(T):
@@ -154,7 +154,7 @@ def gae_advantages(rewards, values, next_values, discounts, lam):
     The recursion of chapter 1's reward-to-go, run on the TD errors with discounts :math:`\gamma_t\lambda_t`.
     """
     V.matching_floats(rewards=rewards, values=values, next_values=next_values, discounts=discounts)
-    V.in_unit_interval(discounts, "discounts")
+    V.tensor_in(discounts, "discounts", 0.0, 1.0)
     lam = V.scalar_or_like(lam, "lam", rewards, "rewards")
     return reward_to_go(_td_errors(rewards, values, next_values, discounts), discounts * lam)
 

@@ -101,7 +101,7 @@ def _w1_cases():
 def wasserstein_1d(x, y):
     r""":math:`W_1 = \frac1n \sum_i |x_{(i)} - y_{(i)}|`; ``x, y [..., n]`` -> ``[...]``."""
     V.matching_floats(x=x, y=y)
-    V.positive_int(x.shape[-1], "the number of samples x.shape[-1]")
+    V.int_in(x.shape[-1], "the number of samples x.shape[-1]")
     return (x.sort(-1).values - y.sort(-1).values).abs().mean(-1)
 
 

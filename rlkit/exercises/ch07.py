@@ -47,7 +47,7 @@ def response_logprob(logits, response_ids, mask):
     """Sum over real tokens of log softmax(logits)[token]; logits [B, T, V], ids [B, T], mask [B, T] -> [B]."""
     sizes = V.layout("B T V", floating=True, logits=logits)
     V.index_tensor(response_ids, "response_ids", shape=logits.shape[:-1], shape_of="[B, T]", n=sizes["V"])
-    m = V.bool_mask(mask, response_ids, "response_ids")
+    m = V.check_mask(mask, response_ids, "response_ids", as_bool=True)
     logp = _token_logp(logits, response_ids)
     return torch.where(m, logp, torch.zeros((), dtype=logp.dtype)).sum(-1)
 
@@ -143,7 +143,7 @@ def _ga_cases():
 def group_advantages(rewards, group_size):
     """(r - group mean) / (group sample std + zeta), zeta = 1e-6; rewards [N], consecutive groups -> [N]."""
     V.layout("N", floating=True, rewards=rewards)
-    group_size = V.int_in_range(group_size, "group_size", 2, max(2, rewards.numel()))
+    group_size = V.int_in(group_size, "group_size", 2, max(2, rewards.numel()))
     g = rewards.reshape(-1, group_size)
     return ((g - g.mean(-1, keepdim=True)) / (g.std(-1, keepdim=True) + 1e-6)).reshape(rewards.shape)
 

@@ -66,7 +66,7 @@ def behaviour_logprobs(logp_versions, versions, mask):
     per_token = isinstance(versions, torch.Tensor) and versions.dim() == 2
     V.index_tensor(versions, "versions", shape=(B, T) if per_token else (B,),
                    shape_of="[B] or [B, T]", n=sizes["M"])
-    m = V.bool_mask(mask, logp_versions[0], "one version's log-probs, logp_versions[0]")
+    m = V.check_mask(mask, logp_versions[0], "one version's log-probs, logp_versions[0]", as_bool=True)
     idx = versions if per_token else versions[:, None].expand(B, T)
     picked = logp_versions.gather(0, idx[None]).squeeze(0)
     return torch.where(m, picked, torch.zeros((), dtype=picked.dtype))
@@ -121,7 +121,7 @@ def _tis_cases():
 def truncated_is_weights(logp_learner, logp_sampler, mask, cap):
     r""":math:`w_t = \exp(\min(\log\pi_{\text{learner}} - \log\pi_{\text{sampler}}, \log C))`, 0 at padding."""
     V.matching_floats(logp_learner=logp_learner, logp_sampler=logp_sampler)
-    m = V.bool_mask(mask, logp_learner, "logp_learner")
+    m = V.check_mask(mask, logp_learner, "logp_learner", as_bool=True)
     cap = V.real_in(cap, "cap (typically 2 to 10)", 0.0, lo_open=True)
     log_w = torch.clamp(logp_learner - logp_sampler, max=math.log(cap))
     return torch.where(m, torch.exp(log_w), torch.zeros((), dtype=log_w.dtype))
@@ -179,7 +179,7 @@ def lognormal_tail_share(lengths, token_mean, token_var, low=0.5, high=2.0):
     r""":math:`P(\rho_{1:T}\notin[a,b])` for :math:`\log\rho_{1:T}\sim\mathcal N(T\bar\ell, Ts^2)`;
     ``lengths [N]`` -> ``[N]`` float64."""
     V.layout("N", lengths=lengths)
-    V.in_unit_interval(lengths, "lengths (response lengths)", lo=1, hi=math.inf)
+    V.tensor_in(lengths, "lengths (response lengths)", 1, math.inf)
     token_mean = V.real_in(token_mean, "token_mean")
     token_var = V.real_in(token_var, "token_var", 0.0, lo_open=True)
     low = V.real_in(low, "low", 0.0, lo_open=True)
@@ -245,8 +245,8 @@ def _sae_cases():
 def stale_advantage_error(v_behaviour, v_current, eps=1e-6):
     r""":math:`v_b\,|A_{v_b}(1) - A_{v_c}(1)| + (1 - v_b)\,|A_{v_b}(0) - A_{v_c}(0)|`, elementwise."""
     V.matching_floats(min_dim=0, v_behaviour=v_behaviour, v_current=v_current)
-    V.in_unit_interval(v_behaviour, "v_behaviour (success probabilities)")
-    V.in_unit_interval(v_current, "v_current (success probabilities)")
+    V.tensor_in(v_behaviour, "v_behaviour (success probabilities)", 0.0, 1.0)
+    V.tensor_in(v_current, "v_current (success probabilities)", 0.0, 1.0)
     eps = V.real_in(eps, "eps", 0.0)
     vb, vc = v_behaviour, v_current
     return (vb * (_adv(1.0, vb, eps) - _adv(1.0, vc, eps)).abs()

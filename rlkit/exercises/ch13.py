@@ -45,7 +45,7 @@ def first_alert_step(values, max_value, patience):
     """Index at which the streak of violations first reaches ``patience`` (a tensor), else -1."""
     values = V.real_list(values, "values (one value per update)")
     max_value = V.real_in(max_value, "max_value")
-    patience = V.positive_int(patience, "patience")
+    patience = V.int_in(patience, "patience")
     streak = 0
     for i, bad in enumerate(_violations(values, max_value)):
         streak = streak + 1 if bad else 0
@@ -90,7 +90,7 @@ def _wds_cases():
 def window_drop_share(lag_probs, window):
     r""":math:`\sum_{\ell \ge W} p_\ell` as a 0-dim tensor (``lag_probs[l]`` = P(lag = l))."""
     V.layout("L", floating=True, lag_probs=lag_probs)
-    window = V.positive_int(window, "window")
+    window = V.int_in(window, "window")
     return lag_probs[window:].sum()
 
 
@@ -134,7 +134,7 @@ def staleness_by_age(log_rho, ages, max_age):
     r"""``out[a]`` = mean of ``0.5 * |exp(log_rho) - 1|`` over samples with ``ages == a``; NaN if none."""
     sizes = V.layout("N", floating=True, log_rho=log_rho)
     V.index_tensor(ages, "ages", shape=(sizes["N"],), shape_of="the shape of log_rho")
-    max_age = V.positive_int(max_age, "max_age", minimum=0)
+    max_age = V.int_in(max_age, "max_age", 0)
     return _per_age_mean(0.5 * torch.expm1(log_rho).abs(), ages, max_age)
 
 

@@ -254,7 +254,7 @@ def retry_value(q, gamma, K):
     """sum_{j=1}^{K-1} gamma^j (1 - q)^(j - 1) q, as a float64 0-dim tensor."""
     q = V.real_in(q, "q", 0.0, 1.0)
     gamma = V.real_in(gamma, "gamma", 0.0, 1.0)
-    K = V.positive_int(K, "K")
+    K = V.int_in(K, "K")
     return torch.tensor(sum(gamma ** j * (1 - q) ** (j - 1) * q for j in range(1, K)), dtype=torch.float64)
 
 

@@ -37,8 +37,8 @@ def _rr_cases():
 @exercise(chapter=23, cases=_rr_cases, atol=1e-9, description="expected share solved by n independent attempts")
 def retry_rate(p, n):
     """mean_i [1 - (1 - p_i)^n]: apply the retry formula per problem, THEN average; p [N] -> 0-dim."""
-    V.in_unit_interval(p, "p")
-    n = V.positive_int(n, "n")
+    V.tensor_in(p, "p", 0.0, 1.0)
+    n = V.int_in(n, "n")
     return (1 - (1 - p) ** n).mean()
 
 
@@ -78,9 +78,9 @@ def _fr_cases():
 @exercise(chapter=23, cases=_fr_cases, atol=1e-9, description="verified retries when the verifier can be fooled")
 def fooled_retry(p, f, n):
     """p / (p + f) * (1 - (1 - p - f)^n), elementwise, 0 where p + f = 0."""
-    V.in_unit_interval(p, "p")
-    V.in_unit_interval(f, "f")
-    n = V.positive_int(n, "n")
+    V.tensor_in(p, "p", 0.0, 1.0)
+    V.tensor_in(f, "f", 0.0, 1.0)
+    n = V.int_in(n, "n")
     s = p + f
     return torch.where(s > 0, p / s.clamp_min(1e-300) * (1 - (1 - s) ** n), torch.zeros_like(p))
 
