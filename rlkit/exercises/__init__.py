@@ -243,48 +243,61 @@ def _compare(got_out, exp_out, atol: float, rtol: float) -> str | None:
         return f"expected {len(exp_items)} output(s), got {len(got_items)}"
     for k, (g, e) in enumerate(zip(got_items, exp_items)):
         where = f"output {k}: " if len(exp_items) > 1 else ""
-        et = _as_tensor(e)
-        gt = _as_tensor(g)
-        if et is None:  # non-numeric expected output: compare by equality
-            if g != e:
-                return f"{where}expected {e!r}, got {g!r}"
-            continue
-        if gt is None:
-            return f"{where}expected a tensor or number, got {type(g).__name__}"
-        if isinstance(e, torch.Tensor) and not isinstance(g, torch.Tensor):
-            return f"{where}expected a torch.Tensor, got {type(g).__name__}"
-        if gt.shape != et.shape:
-            hint = ""
-            if gt.numel() == et.numel() and gt.dim() != et.dim():
-                hint = " (same elements, different rank: an extra or missing dimension of size 1?)"
-            elif gt.numel() == et.numel():
-                hint = " (same number of elements: a transpose or a reshape in the wrong order?)"
-            elif gt.dim() == et.dim() - 1 or gt.numel() == 1:
-                hint = " (did you reduce over a dimension that should be kept?)"
-            elif gt.dim() == et.dim() + 1:
-                hint = " (an extra dimension: did you forget to reduce or squeeze?)"
-            return f"{where}wrong shape: expected {tuple(et.shape)}, got {tuple(gt.shape)}{hint}"
-        if et.is_floating_point() and not gt.is_floating_point():
-            return (f"{where}expected a floating-point result, got dtype {gt.dtype} "
-                    "(integer arithmetic truncates; convert with .float())")
-        if _close(gt, et, atol, rtol):
-            continue
-        g64, e64 = gt.to(torch.float64), et.to(torch.float64)
-        if torch.isnan(g64).any() and not torch.isnan(e64).any():
-            idx = tuple(int(i) for i in torch.nonzero(torch.isnan(g64))[0]) if g64.dim() else ()
-            return f"{where}your result has NaN at index {idx} where the reference is finite"
-        bad = ~torch.isclose(g64, e64, atol=atol, rtol=rtol, equal_nan=True)
-        if g64.dim() == 0:
-            msg = f"{where}expected {_fmt(float(e64))}, got {_fmt(float(g64))}"
-        else:
-            idx = tuple(int(i) for i in torch.nonzero(bad)[0])
-            msg = (f"{where}{int(bad.sum())} of {bad.numel()} elements differ; the first at index {idx}: "
-                   f"expected {_fmt(float(e64[idx]))}, got {_fmt(float(g64[idx]))}")
-        cause = _generic_cause(gt, et, atol, rtol)
-        if cause:
-            msg += f"\n   likely cause: {cause}"
-        return msg
+        msg = _compare_one(g, e, where, atol, rtol)
+        if msg is not None:
+            return msg
     return None
+
+
+def _compare_one(g, e, where: str, atol: float, rtol: float) -> str | None:
+    """One output against its reference: the kind, then the shape and dtype, then the values."""
+    et, gt = _as_tensor(e), _as_tensor(g)
+    if et is None:  # non-numeric expected output: compare by equality
+        return f"{where}expected {e!r}, got {g!r}" if g != e else None
+    if gt is None:
+        return f"{where}expected a tensor or number, got {type(g).__name__}"
+    if isinstance(e, torch.Tensor) and not isinstance(g, torch.Tensor):
+        return f"{where}expected a torch.Tensor, got {type(g).__name__}"
+    if gt.shape != et.shape:
+        return f"{where}wrong shape: expected {tuple(et.shape)}, got {tuple(gt.shape)}{_shape_hint(gt, et)}"
+    if et.is_floating_point() and not gt.is_floating_point():
+        return (f"{where}expected a floating-point result, got dtype {gt.dtype} "
+                "(integer arithmetic truncates; convert with .float())")
+    if _close(gt, et, atol, rtol):
+        return None
+    return _value_difference(gt, et, where, atol, rtol)
+
+
+def _shape_hint(gt: torch.Tensor, et: torch.Tensor) -> str:
+    """A guess at the mistake behind a wrong shape ("" if none fits)."""
+    if gt.numel() == et.numel() and gt.dim() != et.dim():
+        return " (same elements, different rank: an extra or missing dimension of size 1?)"
+    if gt.numel() == et.numel():
+        return " (same number of elements: a transpose or a reshape in the wrong order?)"
+    if gt.dim() == et.dim() - 1 or gt.numel() == 1:
+        return " (did you reduce over a dimension that should be kept?)"
+    if gt.dim() == et.dim() + 1:
+        return " (an extra dimension: did you forget to reduce or squeeze?)"
+    return ""
+
+
+def _value_difference(gt: torch.Tensor, et: torch.Tensor, where: str, atol: float, rtol: float) -> str:
+    """Where two same-shaped tensors that are not close differ, and the likely cause."""
+    g64, e64 = gt.to(torch.float64), et.to(torch.float64)
+    if torch.isnan(g64).any() and not torch.isnan(e64).any():
+        idx = tuple(int(i) for i in torch.nonzero(torch.isnan(g64))[0]) if g64.dim() else ()
+        return f"{where}your result has NaN at index {idx} where the reference is finite"
+    bad = ~torch.isclose(g64, e64, atol=atol, rtol=rtol, equal_nan=True)
+    if g64.dim() == 0:
+        msg = f"{where}expected {_fmt(float(e64))}, got {_fmt(float(g64))}"
+    else:
+        idx = tuple(int(i) for i in torch.nonzero(bad)[0])
+        msg = (f"{where}{int(bad.sum())} of {bad.numel()} elements differ; the first at index {idx}: "
+               f"expected {_fmt(float(e64[idx]))}, got {_fmt(float(g64[idx]))}")
+    cause = _generic_cause(gt, et, atol, rtol)
+    if cause:
+        msg += f"\n   likely cause: {cause}"
+    return msg
 
 
 def _describe_case(case: Case, i: int) -> str:
