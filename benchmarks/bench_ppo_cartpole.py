@@ -2,7 +2,7 @@
 
 Usage::
 
-    .venv/bin/python benchmarks/bench_ppo_cartpole.py                 # rlkit (+ SB3 if importable), seeds 0-4
+    "$BENCH_ENV/bin/python" benchmarks/bench_ppo_cartpole.py          # rlkit (+ SB3 if importable), seeds 0-4
     .venv/bin/python benchmarks/bench_ppo_cartpole.py --seeds 0 1 2 3 4 5 6 7 8 9
     .venv/bin/python benchmarks/bench_ppo_cartpole.py --no-sb3 --zoo-settings
     .venv/bin/python benchmarks/bench_ppo_cartpole.py --cleanrl /path/to/cleanrl/ppo.py
@@ -21,7 +21,8 @@ Contenders (all one torch thread, CPU):
 * ``sb3``: Stable Baselines3 ``PPO("MlpPolicy")`` with rl-baselines3-zoo's tuned CartPole-v1
   settings (hyperparams/ppo.yml: n_envs 8, n_steps 32, batch_size 256, gae_lambda 0.8, gamma 0.98,
   n_epochs 20, ent_coef 0.0, learning_rate lin_0.001, clip_range lin_0.2) and a callback that stops
-  at the same criterion.  Only if ``stable_baselines3`` is importable.
+  at the same criterion.  Only if ``stable_baselines3`` is importable: it is a benchmark-only
+  install, into an environment of its own (``$BENCH_ENV``, see benchmarks/README.md).
 * ``cleanrl``: a user-supplied CleanRL ``ppo.py`` (``--cleanrl PATH``), run as a subprocess with
   ``--env-id CartPole-v1 --seed S``; its stdout lines ``global_step=..., episodic_return=...`` are
   parsed and the process is stopped at the criterion.  Otherwise the reference figure measured on

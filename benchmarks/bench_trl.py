@@ -1,11 +1,12 @@
 """GRPO with rlkit and with TRL's ``GRPOTrainer`` on the same Hugging Face model, task, reward and batch shape.
 
-    PYTHONPATH=/path/to/trl-site python benchmarks/bench_trl.py              # timing, 30 updates each
-    PYTHONPATH=... python benchmarks/bench_trl.py --to90 --max-updates 150    # also updates/seconds to 90%
+    "$BENCH_ENV/bin/python" benchmarks/bench_trl.py                           # timing, 30 updates each
+    "$BENCH_ENV/bin/python" benchmarks/bench_trl.py --to90 --max-updates 150  # also updates/seconds to 90%
 
-TRL is a benchmark-only dependency, like Stable Baselines3 (see benchmarks/README.md for the
-pinned versions and how they were installed). Without ``trl`` the script runs the rlkit contenders
-and says that TRL was not measured.
+TRL is a benchmark-only dependency, like Stable Baselines3: benchmarks/README.md pins the versions
+and installs them into an environment of their own, ``$BENCH_ENV``. Without ``trl`` the script runs
+the rlkit contenders and says that TRL was not measured. TRL's ``output_dir`` is a fresh folder
+under the system's temporary directory.
 
 **The model.** rlkit's shipped tiny GPT (``load_pretrained()``), its weights copied into an HF
 ``GPT2LMHeadModel`` by :func:`rlkit.llm.hf.gpt_to_hf` (logits equal to the tiny GPT's; checked at
@@ -55,6 +56,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 TO90_EVERY = 5
@@ -129,14 +131,14 @@ def run_trl(updates: int, to90: bool, launched: float, seed: int) -> dict:
         return ADDITION.score(resp, [answers[p] for p in prompts], "exact").tolist()
 
     args = trl.GRPOConfig(
-        output_dir="/tmp/bench_trl_out", per_device_train_batch_size=128, num_generations=8,
+        output_dir=tempfile.mkdtemp(prefix="bench_trl_"), per_device_train_batch_size=128, num_generations=8,
         max_completion_length=ADDITION.max_new_tokens, steps_per_generation=1, num_iterations=1,
         gradient_accumulation_steps=1, learning_rate=1e-4, lr_scheduler_type="constant", warmup_steps=0,
         weight_decay=0.0, max_grad_norm=1.0, beta=0.0, epsilon=0.2, loss_type="dapo", scale_rewards="group",
         temperature=1.0, top_p=1.0, top_k=0, max_steps=updates, logging_steps=10 ** 6, save_strategy="no",
         report_to="none", use_cpu=True, bf16=False, seed=seed, disable_dropout=True, shuffle_dataset=False,
         dataloader_num_workers=0, log_completions=False)
-    defaults = trl.GRPOConfig(output_dir="/tmp/bench_trl_defaults", report_to="none", use_cpu=True)
+    defaults = trl.GRPOConfig(output_dir=tempfile.mkdtemp(prefix="bench_trl_defaults_"), report_to="none", use_cpu=True)
     eval_probs = ADDITION.problems(256, seed=10_000 + seed, split="test")
     stamps, evals = [], []
 
