@@ -126,9 +126,9 @@ class HFCache:
     """
 
     def __init__(self, batch: int, max_len: int | None, device=None):
-        V.positive_int(batch, "batch", minimum=0)
+        V.int_in(batch, "batch", 0)
         if max_len is not None:
-            V.positive_int(max_len, "max_len")
+            V.int_in(max_len, "max_len")
         self.past = None
         self.real = torch.zeros(batch, 0, dtype=torch.bool, device=device)
         self.next_pos = torch.zeros(batch, dtype=torch.long, device=device)
@@ -249,17 +249,17 @@ class HFCausalLM(nn.Module):
         if vocab_size is None:
             out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
             vocab_size = out.weight.shape[0] if out is not None else getattr(cfg, "vocab_size", None)
-        V.positive_int(vocab_size, "vocab_size")
+        V.int_in(vocab_size, "vocab_size")
         if block_size is None:
             block_size = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
         if block_size is not None:
-            V.positive_int(block_size, "block_size")
+            V.int_in(block_size, "block_size")
         self.config = HFModelInfo(int(vocab_size), block_size)
-        stop = [V.int_in_range(s, f"stop_ids[{i}]", 0, vocab_size - 1) for i, s in enumerate(stop_ids)]
+        stop = [V.int_in(s, f"stop_ids[{i}]", 0, vocab_size - 1) for i, s in enumerate(stop_ids)]
         if stop and eos_id is None:
             raise ValueError("stop_ids need eos_id: the stop tokens' probability is merged into eos_id's")
         if eos_id is not None:
-            V.int_in_range(eos_id, "eos_id", 0, vocab_size - 1)
+            V.int_in(eos_id, "eos_id", 0, vocab_size - 1)
         self.eos_id = eos_id
         self.stop_ids = tuple(s for s in stop if s != eos_id)
 
@@ -353,14 +353,14 @@ class HFTokenizer(CharTokenizer):
                 raise TypeError(f"tokenizer must have a callable {name}(), got {type(tokenizer).__name__}")
         self.tokenizer = tokenizer
         n = len(tokenizer) if vocab_size is None else vocab_size
-        self._vocab = V.positive_int(n, "vocab_size")
+        self._vocab = V.int_in(n, "vocab_size")
         eos_id = getattr(tokenizer, "eos_token_id", None) if eos_id is None else eos_id
         if eos_id is None:
             raise ValueError("eos_id: the tokenizer has no eos_token_id; pass the id that ends a response")
-        self.eos_id = V.int_in_range(eos_id, "eos_id", 0, self._vocab - 1)
+        self.eos_id = V.int_in(eos_id, "eos_id", 0, self._vocab - 1)
         pad_id = getattr(tokenizer, "pad_token_id", None) if pad_id is None else pad_id
-        self.pad_id = V.int_in_range(self.eos_id if pad_id is None else pad_id, "pad_id", 0, self._vocab - 1)
-        self.stop_ids = frozenset([self.eos_id] + [V.int_in_range(s, f"stop_ids[{i}]", 0, self._vocab - 1)
+        self.pad_id = V.int_in(self.eos_id if pad_id is None else pad_id, "pad_id", 0, self._vocab - 1)
+        self.stop_ids = frozenset([self.eos_id] + [V.int_in(s, f"stop_ids[{i}]", 0, self._vocab - 1)
                                                    for i, s in enumerate(stop_ids)])
         self.stop_strings = tuple(V.nonempty_str(s, f"stop_strings[{i}]") for i, s in enumerate(stop_strings))
         V.instance_of(prompt_template, "prompt_template", str)

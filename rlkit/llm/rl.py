@@ -104,7 +104,7 @@ from .tasks import Task
 from .tokenizer import CharTokenizer
 
 __all__ = ["ALGOS", "RLConfig", "ValueHead", "Batch", "collect", "sequence_advantages", "check_train_args",
-           "policy_loss"]
+           "refuse_unread", "policy_loss"]
 
 #: The algorithms :func:`rlkit.llm.train` runs (``RLConfig.algo``), as in the table of the module docstring.
 ALGOS = ("reinforce", "rloo", "grpo", "dr_grpo", "dapo", "gspo", "ppo")
@@ -185,7 +185,7 @@ class RLConfig(V.ValidatedConfig):
     grad_clip: float | None = V.number_field(1.0, 0.0, lo_open=True, optional=True)
     eval_every: int = V.int_field(5)
     eval_problems: int = V.int_field(256)
-    seed: int = V.int_field(0, minimum=0)
+    seed: int = V.int_field(0, 0)
 
     def __post_init__(self):
         super().__post_init__()
@@ -252,7 +252,7 @@ def collect(model, tok: CharTokenizer, task: Task, cfg: RLConfig, rng: random.Ra
     is passed to :func:`~rlkit.llm.sample` (a decode-time shield, chapter 18).
     """
     G = cfg.group_size
-    n_prompts = cfg.prompts_per_step if prompts is None else V.positive_int(prompts, "prompts")
+    n_prompts = cfg.prompts_per_step if prompts is None else V.int_in(prompts, "prompts")
     kept_problems, kept_rollouts, kept_rewards, kept_correct, kept_resp = [], [], [], [], []
     zero_share = None
     for _ in range(cfg.max_sample_rounds if cfg.dynamic_sampling else 1):
@@ -365,6 +365,25 @@ def check_train_args(tok, task, cfg) -> RLConfig:
         raise ValueError(f"RLConfig.token_rewards=True needs a token checker named {cfg.checker!r} (RLConfig.checker) "
                          f"in task {task.name!r}, whose token checkers are {list(task.token_checkers)}")
     return cfg
+
+
+def refuse_unread(cfg: RLConfig | None, trainer: str, unread: dict) -> None:
+    """Refuse the :class:`RLConfig` fields a trainer does not read, each by name.
+
+    ``unread`` maps a field's name to why the trainer does not read it, or to ``(why, allowed)`` with
+    the values that mean the same as ignoring it (e.g. ``log_kl`` ``(None, False)``); otherwise only
+    the field's default is allowed. ``cfg`` is the config as the caller gave it (not resolved), None
+    meaning the defaults. Raises ``ValueError("<trainer> does not read RLConfig.<field> (<why>) ...")``.
+    """
+    if cfg is None:
+        return
+    default = RLConfig()
+    for name, why in unread.items():
+        why, allowed = why if isinstance(why, tuple) else (why, (getattr(default, name),))
+        x = getattr(cfg, name)
+        if x not in allowed:
+            ok = " or ".join(repr(a) for a in allowed)
+            raise ValueError(f"{trainer} does not read RLConfig.{name} ({why}): leave it at {ok}, got {x!r}")
 
 
 
