@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import torch
 
 from .. import _validate as V
 from ..objectives import aggregate, normalize_advantages
 from ..returns import gae
 from .credit import VALUE_TARGETS, value_targets
-from .heads import ValueHead
+from .heads import LogitHead, ValueHead
 from .rl import ALGOS, sequence_advantages
 
 __all__ = ["Group", "TokenGAE"]
@@ -62,8 +63,21 @@ class TokenGAE:
     regresses on ``target`` (chapter 14, :func:`rlkit.llm.value_targets`): ``"gae"`` (GAE's returns,
     the default), ``"nstep"`` with ``n``, ``"lambda"`` with ``target_lam`` (default ``lam``), ``"mc"``.
 
+    **Value channels.** Hooks may ask for more per-response signals to be valued beside the reward
+    (chapter 18's cost, :class:`rlkit.llm.safety.CostConstraint`): they name them in
+    ``run.value_channels`` at set-up and put each step's values in ``step.data["channels"][name]``
+    (``[N]``). With :math:`k` channels the critic has :math:`1 + k` outputs per position (by default a
+    :class:`rlkit.llm.heads.LogitHead` of shape ``(1 + k,)``; output 0 values the reward). Each channel's
+    signal goes on the response's last token and gets its own GAE advantage and target with the same
+    :math:`\gamma`, :math:`\lambda` and ``target``; the penalties and bonuses stay on the reward. The
+    raw (not whitened) advantages are left in ``step.data["advantages"]`` (``{"reward": ..., name:
+    ...}``) for the hook that combines them; the estimator still returns the reward's, whitened. The
+    critic regresses every output, :math:`c\sum_j \tfrac12\overline{(V_j - \hat R_j)^2}` in one step;
+    logged: ``value_loss`` (the reward's term) and ``<name>_value_loss`` (each channel's).
+
     Args:
-        critic: the value model (default: :class:`rlkit.llm.ValueHead` on a copy of the policy).
+        critic: the value model (default: :class:`rlkit.llm.ValueHead` on a copy of the policy; with
+            value channels, a model returning ``[B, L, 1 + k]``).
         gamma, lam: GAE's discount and trace parameter, in [0, 1].
         lr: the critic's Adam learning rate (default: the policy's ``RLConfig.lr``).
         coef: the weight of the critic's squared error (its own optimiser, so it scales its step).
@@ -73,6 +87,7 @@ class TokenGAE:
     def __init__(self, critic=None, *, gamma: float = 1.0, lam: float = 0.95, lr: float | None = None,
                  coef: float = 1.0, target: str = "gae", n: int = 1, target_lam: float | None = None):
         self.critic = critic
+        self.channels: tuple = ()
         self.gamma = V.real_in(gamma, "gamma", 0.0, 1.0)
         self.lam = V.real_in(lam, "lam", 0.0, 1.0)
         self.lr = None if lr is None else V.real_in(lr, "lr", 0.0, float("inf"), lo_open=True)
@@ -82,8 +97,11 @@ class TokenGAE:
         self.target_lam = None if target_lam is None else V.real_in(target_lam, "target_lam", 0.0, 1.0)
 
     def setup(self, run) -> None:
+        self.channels = tuple(getattr(run, "value_channels", ()))
         if self.critic is None:
-            self.critic = ValueHead(copy.deepcopy(run.model), run.tok.vocab_size).to(run.device)
+            lm, width = copy.deepcopy(run.model), run.tok.vocab_size
+            self.critic = (LogitHead(lm, width, (1 + len(self.channels),)) if self.channels
+                           else ValueHead(lm, width)).to(run.device)
         self.opt = torch.optim.Adam(self.critic.parameters(), lr=run.cfg.lr if self.lr is None else self.lr)
 
     def values(self, ro) -> torch.Tensor:
@@ -105,24 +123,66 @@ class TokenGAE:
             tok_rewards = step.token_rewards
         for coef, x in step.penalties:
             tok_rewards = tok_rewards - coef * x
-        values = self.values(ro) * mask
-        next_values = torch.cat([values[:, 1:], torch.zeros_like(values[:, :1])], dim=1) * mask
+        values = self.values(ro)
         not_last = torch.zeros_like(mask)
         not_last[:, :-1] = mask[:, 1:]                        # 1 where another token follows
-        adv, returns = gae(tok_rewards, values, next_values, self.gamma * not_last, self.lam)
+        if not self.channels:
+            adv, step.data["returns"] = self._gae(tok_rewards, values, mask, not_last)
+            return normalize_advantages(adv, mask)
+        rewards = {"reward": tok_rewards, **{c: self._terminal(step, c, last) for c in self.channels}}
+        if values.shape != (*mask.shape, len(rewards)):
+            raise ValueError(f"TokenGAE: with value channels {self.channels} the critic must return [batch, tokens, "
+                             f"{len(rewards)}] (the reward first), got {tuple(values.shape)}")
+        advs, returns = {}, []
+        for j, (name, r) in enumerate(rewards.items()):
+            advs[name], ret = self._gae(r, values[..., j], mask, not_last)
+            returns.append(ret)
+        step.data["advantages"], step.data["returns"] = advs, torch.stack(returns, -1)
+        self._channel_losses = {c: [] for c in self.channels}
+        return normalize_advantages(advs["reward"], mask)
+
+    @staticmethod
+    def _terminal(step, name: str, last: torch.Tensor) -> torch.Tensor:
+        x = step.data.get("channels", {}).get(name)
+        if x is None:
+            raise ValueError(f"TokenGAE: no values for the value channel {name!r}; the hook that named it in "
+                             f"run.value_channels must put them in step.data['channels'][{name!r}]")
+        mask = step.batch.rollout.mask
+        out = torch.zeros_like(mask)
+        out[torch.arange(mask.shape[0], device=mask.device), last] = x.to(out.dtype)
+        return out
+
+    def _gae(self, rewards, values, mask, not_last):
+        """``(advantages, critic targets)`` of one channel: GAE and ``target`` on masked values."""
+        values = values * mask
+        next_values = torch.cat([values[:, 1:], torch.zeros_like(values[:, :1])], dim=1) * mask
+        adv, returns = gae(rewards, values, next_values, self.gamma * not_last, self.lam)
         if self.target != "gae":
-            returns = value_targets(tok_rewards, values, mask, self.target, gamma=self.gamma,
+            returns = value_targets(rewards, values, mask, self.target, gamma=self.gamma,
                                     lam=self.lam if self.target_lam is None else self.target_lam, n=self.n)
-        step.data["returns"] = returns
-        return normalize_advantages(adv, mask)
+        return adv, returns
 
     def fit(self, run, step, rows) -> float:
-        """One Adam step of the critic on ``rows``: :math:`\\tfrac{c}{2}\\,\\overline{(V - \\hat R)^2}` over tokens."""
+        """One Adam step of the critic on ``rows``: :math:`\\tfrac{c}{2}\\,\\overline{(V - \\hat R)^2}` over tokens
+        (summed over the value channels)."""
         m = step.mask[rows]
         v = self.values(step.batch.rollout.select(rows))
-        vloss = self.coef * 0.5 * aggregate((v - step.data["returns"][rows]) ** 2, m, "token-mean")
+        target = step.data["returns"][rows]
+        if not self.channels:
+            vloss = self.coef * 0.5 * aggregate((v - target) ** 2, m, "token-mean")
+        else:
+            terms = [0.5 * aggregate((v[..., j] - target[..., j]) ** 2, m, "token-mean") for j in range(v.shape[-1])]
+            vloss = terms[0]
+            for t in terms[1:]:
+                vloss = vloss + t
+            vloss = self.coef * vloss
         self.opt.zero_grad(set_to_none=True)
         vloss.backward()
         run.clip(self.critic.parameters())
         self.opt.step()
-        return vloss.item()
+        if not self.channels:
+            return vloss.item()
+        for name, t in zip(self.channels, terms[1:]):
+            self._channel_losses[name].append(self.coef * t.item())
+            run.log(**{f"{name}_value_loss": float(np.mean(self._channel_losses[name]))})
+        return self.coef * terms[0].item()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import _validate as V
 from ..staleness import LagDistribution, PolicyArchive
 from .rl import collect
 from .sampling import cat_rollouts, token_logprobs
@@ -33,7 +34,16 @@ class Fresh:
     processor (and no top-k/top-p) shaped the samples, since the processed model is then the policy;
     otherwise it is recomputed at the training temperature (with the processor, if any).
     DAPO's dynamic sampling (``RLConfig.dynamic_sampling``) happens inside :func:`rlkit.llm.collect`.
+
+    Args:
+        recompute: under a processor, recompute :math:`\log\pi_{old}` with the learner's forward pass
+            (:func:`rlkit.llm.token_logprobs`) instead of taking the sampling log-probs. Both are
+            :math:`\log q`, but the sampler's incremental decoding rounds differently (by about
+            :math:`10^{-5}`); chapter 18's shielded runs were made with the recomputed numbers.
     """
+
+    def __init__(self, recompute: bool = False):
+        self.recompute = V.instance_of(recompute, "recompute", bool)
 
     def setup(self, run) -> None:
         pass
@@ -46,7 +56,7 @@ class Fresh:
         with torch.no_grad():
             if cfg.temperature == 1.0 and proc is None:
                 old = ro.model_logprobs                  # = log pi_old of the sampled tokens
-            elif proc is not None and cfg.top_k is None and cfg.top_p is None:
+            elif proc is not None and cfg.top_k is None and cfg.top_p is None and not self.recompute:
                 old = ro.logprobs                        # the processed policy sampled them: log q = log pi_old
             else:
                 old = token_logprobs(run.model, ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.mask,

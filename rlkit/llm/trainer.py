@@ -217,6 +217,11 @@ class Run:
     rollouts): ``rng`` (a ``random.Random`` for prompts) and ``gen`` (a torch generator for
     sampling and minibatch order) are seeded ``RLConfig.seed``; :meth:`generator` gives further
     generators seeded ``seed + offset``. ``version`` counts the published updates.
+
+    ``value_channels`` names the per-response signals besides the reward that a critic should value
+    (chapter 18's cost): a hook appends a name in ``setup`` and puts the step's values in
+    ``step.data["channels"][name]`` (``[N]``); an estimator with a critic gives each its own output
+    and advantage (:class:`~rlkit.llm.advantages.TokenGAE`).
     """
 
     def __init__(self, model: nn.Module, tok: CharTokenizer, task: Task, cfg, *, evaluation=None,
@@ -238,6 +243,7 @@ class Run:
         self._stats: dict = {}
         self.sampler = None
         self.last_step = None
+        self.value_channels: list[str] = []
 
     def generator(self, offset: int) -> torch.Generator:
         """A fresh torch generator seeded ``RLConfig.seed + offset``."""
@@ -491,8 +497,9 @@ def assemble(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig | N
     est, cfg_hooks = _default_parts(cfg, ref_model, critic)
     hooks = [*cfg_hooks, *hooks]
     sampler, advantages, loss = sampler or Fresh(), advantages or est, loss or PolicyLoss()
-    run = Run(model, tok, task, cfg, logits_processor=logits_processor, verbose=verbose,
-              evaluation=HeldOut(eval_problems) if evaluation is None else evaluation)
+    if evaluation is None or evaluation is False:
+        evaluation = HeldOut(eval_problems) if evaluation is None else None
+    run = Run(model, tok, task, cfg, logits_processor=logits_processor, verbose=verbose, evaluation=evaluation)
     run.sampler = sampler
     for part in (*hooks, sampler, advantages, loss, run.evaluation):
         if hasattr(part, "setup"):
@@ -518,7 +525,8 @@ def train(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig | None
         loss: the policy loss (default :class:`PolicyLoss`).
         hooks: :class:`Hook` objects, called in order. ``cfg``'s KL fields add a :class:`KLPenalty`
             first (with ``ref_model``), and ``cfg.token_rewards`` a :class:`DenseRewards`.
-        evaluation: ``f(run) -> dict`` of held-out metrics (default :class:`HeldOut` on ``eval_problems``).
+        evaluation: ``f(run) -> dict`` of held-out metrics (default :class:`HeldOut` on ``eval_problems``;
+            ``False``: none).
         ref_model: the frozen reference of the KL term (default: a copy of ``model`` before training).
         critic: PPO's value model (default: ``ValueHead(copy of model)``).
         eval_problems: held-out problems (default: ``cfg.eval_problems`` from the task's test split).
