@@ -398,10 +398,8 @@ def number_field(default, lo: float = -math.inf, hi: float = math.inf, *, lo_ope
     return config_field(default, real_in, lo, hi, lo_open=lo_open, hi_open=hi_open, optional=optional)
 
 
-def int_field(default, lo: int = 1, hi: float = math.inf, *, optional: bool = False, minimum: int | None = None):
+def int_field(default, lo: int = 1, hi: float = math.inf, *, optional: bool = False):
     """A config field holding an int in ``[lo, hi]`` (:func:`int_in`; by default a positive int)."""
-    if minimum is not None:  # TODO(0.3): remove once rl.py is rewritten (it still passes minimum=)
-        lo = minimum
     return config_field(default, int_in, lo, hi, optional=optional)
 
 
@@ -736,19 +734,3 @@ def unused(x, name: str, when: str) -> None:
 
 
 # --- end of validators: add new checks above this line ---
-
-
-# Deprecated spellings, kept only for the modules being rewritten (rlkit/llm/rl.py, rlkit/llm/hf.py and
-# rlkit/tabular.py); use int_in and tensor_in.
-def positive_int(x, name: str, minimum: int = 1) -> int:  # TODO(0.3): remove once rl.py is rewritten
-    """Deprecated: :func:`int_in` ``(x, name, minimum)``."""
-    return int_in(x, name, minimum)
-
-
-int_in_range = int_in  # TODO(0.3): remove once tabular.py is split (and hf.py rewritten)
-
-
-def all_finite(x: Tensor, name: str) -> Tensor:  # TODO(0.3): remove once tabular.py is split
-    """Deprecated: :func:`tensor_in` ``(x, name)``."""
-    return tensor_in(x, name)
-

@@ -66,7 +66,7 @@ class FiniteHorizonMDP:
         sizes = V.layout("... H S A S", P=P)
         V.distribution(P, "P", "P[..., t, s, a, :] is a distribution over next states")
         V.layout("... H S A", sizes, floating=True, R=self.R)
-        V.all_finite(V.same_kind(self.R, "R", P, "P"), "R")
+        V.tensor_in(V.same_kind(self.R, "R", P, "P"), "R")
         V.layout("... S", sizes, floating=True, rho0=self.rho0)
         V.distribution(V.same_kind(self.rho0, "rho0", P, "P"), "rho0", "initial state distribution")
 
@@ -123,7 +123,7 @@ def random_finite_horizon_mdp(batch: int | Sequence[int], horizon: int, n_states
         A :class:`FiniteHorizonMDP` with ``P[*batch, H, S, A, S]``.
     """
     batch = _as_batch(batch)
-    H, S, A = (V.positive_int(x, n) for x, n in ((horizon, "horizon"), (n_states, "n_states"),
+    H, S, A = (V.int_in(x, n) for x, n in ((horizon, "horizon"), (n_states, "n_states"),
                                                  (n_actions, "n_actions")))
     V.real_in(peakiness, "peakiness", 0.0)
     V.real_in(reward_scale, "reward_scale")
@@ -392,8 +392,8 @@ def finite_horizon_tight_example(horizon: int, switch: GammaLike = 0.3, eta: Gam
         policies ``[*B, H, 3, 2]``.
     """
     V.floating_dtype(dtype, "dtype")
-    H = V.positive_int(horizon, "horizon", minimum=2)
-    u = V.int_in_range(switch_time, "switch_time", 0, H - 2)
+    H = V.int_in(horizon, "horizon", 2)
+    u = V.int_in(switch_time, "switch_time", 0, H - 2)
     tensors = {k: v for k, v in dict(switch=switch, eta=eta, c=c).items()
                if isinstance(v, torch.Tensor) and v.dim() > 0}
     shape = V.layout("B", **tensors).get("B", ())

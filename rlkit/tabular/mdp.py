@@ -49,8 +49,8 @@ def _gen_device(generator: torch.Generator | None) -> torch.device:
 def _as_batch(batch) -> tuple:
     """``batch`` (an int or a tuple of ints, each >= 1) as a tuple."""
     if not isinstance(batch, (list, tuple)):
-        return (V.positive_int(batch, "batch"),)
-    return tuple(V.positive_int(b, f"batch[{i}]") for i, b in enumerate(batch))
+        return (V.int_in(batch, "batch"),)
+    return tuple(V.int_in(b, f"batch[{i}]") for i, b in enumerate(batch))
 
 
 # --------------------------------------------------------------------------------------------
@@ -80,7 +80,7 @@ class FiniteMDP:
         sizes = V.layout("... S A S", P=P)
         V.distribution(P, "P", "P[..., s, a, :] is a distribution over next states")
         V.layout("... S A", sizes, floating=True, R=self.R)
-        V.all_finite(V.same_kind(self.R, "R", P, "P"), "R")
+        V.tensor_in(V.same_kind(self.R, "R", P, "P"), "R")
         V.layout("... S", sizes, floating=True, rho0=self.rho0)
         V.distribution(V.same_kind(self.rho0, "rho0", P, "P"), "rho0", "initial state distribution")
         object.__setattr__(self, "gamma", _as_gamma(self.gamma, sizes["..."], P))
@@ -148,8 +148,8 @@ def random_mdp(batch: int | Sequence[int], n_states: int, n_actions: int, gamma:
         A :class:`FiniteMDP` with ``P[*batch, S, A, S]``, ``R[*batch, S, A]``, ``rho0[*batch, S]``.
     """
     batch = _as_batch(batch)
-    V.positive_int(n_states, "n_states")
-    V.positive_int(n_actions, "n_actions")
+    V.int_in(n_states, "n_states")
+    V.int_in(n_actions, "n_actions")
     V.real_in(peakiness, "peakiness", 0.0)
     V.real_in(reward_scale, "reward_scale")
     gd = _gen_device(generator)
@@ -179,8 +179,8 @@ def random_policy(batch: int | Sequence[int], n_states: int, n_actions: int, *, 
         ``pi[*batch, S, A]``; every action has positive probability.
     """
     batch = _as_batch(batch)
-    V.positive_int(n_states, "n_states")
-    V.positive_int(n_actions, "n_actions")
+    V.int_in(n_states, "n_states")
+    V.int_in(n_actions, "n_actions")
     V.real_in(temperature, "temperature", 0.0, lo_open=True)
     z = torch.randn(*batch, n_states, n_actions, generator=generator, dtype=dtype, device=_gen_device(generator))
     pi = torch.softmax(z / temperature, dim=-1)

@@ -55,7 +55,7 @@ def trajectory_kernel(n_versions: int, *, dtype: torch.dtype = torch.float64, de
     Returns:
         ``q[M, M]``, the identity.
     """
-    return torch.eye(V.positive_int(n_versions, "n_versions"), dtype=dtype, device=device)
+    return torch.eye(V.int_in(n_versions, "n_versions"), dtype=dtype, device=device)
 
 
 def step_kernel(sigma: Tensor, kappa: Tensor) -> Tensor:
@@ -97,7 +97,7 @@ def lift_policy(pi: Tensor, n_versions: int) -> Tensor:
         ``[*B, S * M, A]``; the augmented state :math:`(s, i)` has the flat index :math:`sM + i`.
     """
     pi = V.float_tensor(pi, "pi", min_dim=2)
-    V.positive_int(n_versions, "n_versions")
+    V.int_in(n_versions, "n_versions")
     *B, S, A = pi.shape
     return pi[..., :, None, :].expand(*B, S, n_versions, A).reshape(*B, S * n_versions, A)
 
@@ -596,7 +596,7 @@ def sample_state_actions(d: Tensor, behaviour: Tensor, n: int, *, generator: tor
         ``(states, actions)``, both ``long[*B, n]``, on ``d``'s device.
     """
     V.layout("... S A", V.layout("... S", floating=True, d=d), floating=True, behaviour=behaviour)
-    V.positive_int(n, "n")
+    V.int_in(n, "n")
     V.distribution(d, "d", "state distribution")
     V.distribution(behaviour, "behaviour", "behaviour[..., s, :] is a distribution over actions")
     dev = _gen_device(generator)

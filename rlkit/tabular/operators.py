@@ -235,7 +235,7 @@ def q_trace_affine(mdp: FiniteMDP, pi: Tensor, mu: Tensor, traces: Tensor) -> tu
     """
     pi, mu = _pair(mdp, pi, mu)
     traces = V.exact_shape(V.same_kind(traces, "traces", mdp.P, "mdp.P"), "traces", mdp.policy_shape, "[*B, S, A]")
-    V.tensor_in(V.all_finite(traces, "traces"), "traces", 0.0)
+    V.tensor_in(traces, "traces", 0.0)
     g = mdp.gamma[..., None, None]
     n = mdp.n_states * mdp.n_actions
     eye = torch.eye(n, dtype=mdp.P.dtype, device=mdp.P.device)
