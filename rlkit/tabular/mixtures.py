@@ -32,6 +32,8 @@ __all__ = [
     "StaticMixtureTerms",
     "static_mixture_terms",
     "tight_mixture_example",
+    "MixedBatchTerms",
+    "mixed_batch_terms",
     "DynamicMixtureTerms",
     "dynamic_mixture_terms",
     "CurrentAdvantageTerms",
@@ -298,9 +300,9 @@ def tight_mixture_example(gamma: GammaLike = 0.9, switch: GammaLike = 0.3, old_s
 # Chapter 11: the bounds of a mixed batch (thm-ch11-dynamic, prop-ch11-current-advantage)
 # --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class _MixedBatch:
+class MixedBatchTerms:
     r"""What both bounds of a mixed batch (:func:`dynamic_mixture_terms`, :func:`current_advantage_terms`)
-    compute first, from :func:`_mixed_batch`.
+    compute first, from :func:`mixed_batch_terms`.
 
     Attributes:
         aug: the augmented :class:`FiniteMDP` (``P[*B, S*M, A, S*M]``).
@@ -329,8 +331,8 @@ class _MixedBatch:
     J_new: Tensor
 
 
-def _mixed_batch(mdp: FiniteMDP, policies: Tensor, alpha: Tensor, kernel: Tensor, pi_old: Tensor,
-                 pi_new: Tensor) -> _MixedBatch:
+def mixed_batch_terms(mdp: FiniteMDP, policies: Tensor, alpha: Tensor, kernel: Tensor, pi_old: Tensor,
+                      pi_new: Tensor) -> MixedBatchTerms:
     r"""Check ``pi_old`` and ``pi_new``, build the augmented MDP (:func:`augment`), solve :math:`d_\beta` on it
     and :math:`\pi_k` on ``mdp``, and return the terms both bounds of chapter 11 share (eq-ch11-uk-sk)."""
     V.distribution(pi_old, "pi_old", _POLICY, shape=mdp.policy_shape)
@@ -340,7 +342,7 @@ def _mixed_batch(mdp: FiniteMDP, policies: Tensor, alpha: Tensor, kernel: Tensor
     d_b = visitation(aug, beta)                                   # [*B, S*M]
     new_l, old_l = lift_policy(pi_new, M), lift_policy(pi_old, M)
     V_old = value(mdp, pi_old)
-    return _MixedBatch(
+    return MixedBatchTerms(
         aug=aug, beta=beta, n_versions=M, d_beta=d_b, new_lifted=new_l,
         tv_new_behaviour=(d_b * tv_distance(new_l, beta)).sum(-1), U=(d_b * tv_distance(new_l, old_l)).sum(-1),
         S=(d_b * tv_distance(old_l, beta)).sum(-1), adv_old=q_value(mdp, pi_old, V_old) - V_old[..., None],
@@ -448,7 +450,7 @@ def dynamic_mixture_terms(mdp: FiniteMDP, policies: Tensor, alpha: Tensor, kerne
     Returns:
         A :class:`DynamicMixtureTerms`.
     """
-    mb = _mixed_batch(mdp, policies, alpha, kernel, pi_old, pi_new)
+    mb = mixed_batch_terms(mdp, policies, alpha, kernel, pi_old, pi_new)
     aug, beta, d_b, M = mb.aug, mb.beta, mb.d_beta, mb.n_versions
     tv_nb, U, Sk, J_old, J_new = mb.tv_new_behaviour, mb.U, mb.S, mb.J_old, mb.J_new
     *B, S, A = mdp.R.shape
@@ -563,7 +565,7 @@ def current_advantage_terms(mdp: FiniteMDP, policies: Tensor, alpha: Tensor, ker
     Returns:
         A :class:`CurrentAdvantageTerms`.
     """
-    mb = _mixed_batch(mdp, policies, alpha, kernel, pi_old, pi_new)
+    mb = mixed_batch_terms(mdp, policies, alpha, kernel, pi_old, pi_new)
     d_b, M = mb.d_beta, mb.n_versions                             # d_b: [*B, S*M]
     tv_nb, U, Sk, J_old, J_new = mb.tv_new_behaviour, mb.U, mb.S, mb.J_old, mb.J_new
     *B, S, A = mdp.R.shape
