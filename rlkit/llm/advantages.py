@@ -10,7 +10,9 @@ minibatch. The reward it uses is built from the step's channels in one fixed ord
 * the response's reward ``step.rewards`` ``[N]`` (the checker's), or, when a hook supplied them
   (chapter 14's :class:`rlkit.llm.trainer.DenseRewards`), the per-token rewards ``step.token_rewards``;
 * minus every penalty ``coef * x`` in ``step.penalties`` (``x`` per token, ``[N, T]``), summed over the
-  response for a sequence-level estimator (the KL in the reward, :class:`rlkit.llm.trainer.KLPenalty`).
+  response for a sequence-level estimator (the KL in the reward, :class:`rlkit.llm.trainer.KLPenalty`);
+* plus every bonus ``coef * x`` in ``step.bonuses`` (``x`` one per response, ``[N]``), in list order
+  (chapter 22's exploration bonuses); a token-level estimator puts it on the response's last token.
 """
 from __future__ import annotations
 
@@ -47,6 +49,8 @@ class Group:
         seq_r = step.rewards if step.token_rewards is None else step.token_rewards.sum(-1)
         for coef, x in step.penalties:
             seq_r = seq_r - coef * x.sum(-1)
+        for coef, x in step.bonuses:
+            seq_r = seq_r + coef * x
         adv = sequence_advantages(seq_r, self.algo, run.cfg.group_size)
         return adv[:, None].expand_as(mask) * mask
 
@@ -58,10 +62,11 @@ class TokenGAE:
     r"""PPO's advantages: GAE over the response's tokens with a learned value, whitened over the batch.
 
     The reward of the last token is the response's reward (or every token's own, with dense
-    rewards), minus the penalties per token. With :math:`\gamma` ``gamma`` and :math:`\lambda` ``lam``,
-    :math:`\hat A_t = \sum_l (\gamma\lambda)^l \delta_{t+l}` (:func:`rlkit.returns.gae`). The critic
-    regresses on ``target`` (chapter 14, :func:`rlkit.llm.value_targets`): ``"gae"`` (GAE's returns,
-    the default), ``"nstep"`` with ``n``, ``"lambda"`` with ``target_lam`` (default ``lam``), ``"mc"``.
+    rewards), minus the penalties per token, plus the bonuses on the last token. With :math:`\gamma`
+    ``gamma`` and :math:`\lambda` ``lam``, :math:`\hat A_t = \sum_l (\gamma\lambda)^l \delta_{t+l}`
+    (:func:`rlkit.returns.gae`). The critic regresses on ``target`` (chapter 14,
+    :func:`rlkit.llm.value_targets`): ``"gae"`` (GAE's returns, the default), ``"nstep"`` with ``n``,
+    ``"lambda"`` with ``target_lam`` (default ``lam``), ``"mc"``.
 
     **Value channels.** Hooks may ask for more per-response signals to be valued beside the reward
     (chapter 18's cost, :class:`rlkit.llm.safety.CostConstraint`): they name them in
@@ -123,6 +128,9 @@ class TokenGAE:
             tok_rewards = step.token_rewards
         for coef, x in step.penalties:
             tok_rewards = tok_rewards - coef * x
+        for coef, x in step.bonuses:
+            tok_rewards = tok_rewards.index_put((torch.arange(N, device=mask.device), last), coef * x,
+                                                accumulate=True)
         values = self.values(ro)
         not_last = torch.zeros_like(mask)
         not_last[:, :-1] = mask[:, 1:]                        # 1 where another token follows

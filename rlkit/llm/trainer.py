@@ -45,6 +45,8 @@ key                    meaning
 ``value_loss``         mean over minibatches of the critic's loss (estimators with a critic)
 ``train_seconds``      cumulative wall-clock seconds of training, evaluations excluded
 ``kl``                 per-token k3 estimate of KL(pi_old || pi_ref) on the step's samples (:class:`KLPenalty`)
+``kl_seq``             mean over responses of the KL penalty's sum over the response, before beta
+                       (:class:`KLPenalty` in the reward; with k1 the sequence log-ratio log pi_old(y)/pi_ref(y))
 =====================  ==========================================================================
 
 Hooks add their own keys (listed in their docstrings). ``RLResult.evals`` holds the held-out
@@ -97,6 +99,7 @@ class Step:
     rewards: torch.Tensor          # [N] the response's reward (the checker's)
     token_rewards: torch.Tensor | None = None     # per-token rewards, when a hook supplies them
     penalties: list = field(default_factory=list)  # (coef, x [N, T]): the reward becomes r - coef * x
+    bonuses: list = field(default_factory=list)    # (coef, x [N]): then r + coef * x, one per response
     adv: torch.Tensor | None = None
     data: dict = field(default_factory=dict)       # what components hand to each other ("logp_ref", "returns")
 
@@ -402,20 +405,28 @@ class KLPenalty(Hook):
     gradient has zero mean under the samples; k3 in the loss (GRPO's choice) and k1 in the reward
     (classic RLHF) are the meaningful combinations. ``coef=0`` only measures the KL.
 
-    Logged: ``kl``, the per-token k3 estimate of KL(:math:`\pi_{old}\,\|\,\pi_{ref}`) on the step's samples.
+    Logged: ``kl``, the per-token k3 estimate of KL(:math:`\pi_{old}\,\|\,\pi_{ref}`) on the step's samples;
+    with ``where="reward"`` also ``kl_seq``, the mean over responses of :math:`\sum_t k_t` (the penalty
+    before :math:`\beta`; with k1 the sequence log-ratio :math:`\log\pi_{old}(y)/\pi_{ref}(y)`).
 
     Args:
         coef: :math:`\beta \ge 0`.
         estimator: ``"k1"`` or ``"k3"``.
         where: ``"loss"`` or ``"reward"``.
         ref_model: the frozen reference (default: a copy of the model when training starts).
+        processed: score the reference with the run's ``logits_processor`` too. By default the
+            reference is the unprocessed model (a shield the policy should learn not to need, chapter
+            18); a decoding grammar that is part of the policy belongs to the reference as well
+            (chapter 22), else the KL counts the mass the grammar removes from the reference.
     """
 
-    def __init__(self, coef: float = 0.0, estimator: str = "k3", where: str = "loss", ref_model=None):
+    def __init__(self, coef: float = 0.0, estimator: str = "k3", where: str = "loss", ref_model=None,
+                 processed: bool = False):
         self.coef = V.real_in(coef, "coef", 0.0)
         self.estimator = V.choice(estimator, "estimator", ("k1", "k3"))
         self.where = V.choice(where, "where", ("loss", "reward"))
         self.ref_model = ref_model
+        self.processed = V.instance_of(processed, "processed", bool)
 
     def setup(self, run) -> None:
         if self.ref_model is None:
@@ -428,10 +439,14 @@ class KLPenalty(Hook):
     def on_batch(self, run, step: Step) -> None:
         ro, mask = step.rollout, step.rollout.mask
         ref = token_logprobs(self.ref_model, ro.prompt_ids, ro.prompt_mask, ro.response_ids, mask,
-                             temperature=run.cfg.temperature)
+                             temperature=run.cfg.temperature,
+                             logits_processor=run.logits_processor if self.processed else None)
         step.data["logp_ref"] = ref
-        if self.coef > 0 and self.where == "reward":
-            step.penalties.append((self.coef, _kl(self.estimator, step.logp_old, ref) * mask))
+        if self.where == "reward":
+            x = _kl(self.estimator, step.logp_old, ref) * mask
+            if self.coef > 0:
+                step.penalties.append((self.coef, x))
+            run.log(kl_seq=x.sum(-1).mean().item())
         run.log(kl=(kl_k3(step.logp_old, ref) * mask).sum().item() / max(1.0, mask.sum().item()))
 
     def loss(self, run, step: Step, rows, logp, entropy):
