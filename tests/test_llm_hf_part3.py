@@ -38,16 +38,19 @@ def snapshot(model):
     return [p.detach().clone() for p in model.parameters()]
 
 
-def test_constrained_trainer_with_a_shield():
-    from rlkit.llm.safety import FORBIDDEN_ADDITION, substring_shield, train_constrained
+def test_cost_constraint_with_a_shield():
+    from rlkit.llm import train
+    from rlkit.llm.safety import FORBIDDEN_ADDITION, CostConstraint, ShieldRate, substring_shield
     from rlkit.safety import LagrangeMultiplier
 
     lm, tok = hf_model()
     before = snapshot(lm)
     cfg = RLConfig(algo="ppo", steps=2, prompts_per_step=4, group_size=2, minibatches=1, lr=3e-4)
-    res = train_constrained(lm, tok, FORBIDDEN_ADDITION, cfg, multiplier=LagrangeMultiplier(budget=0.0, lr=1.0),
-                            logits_processor=substring_shield(tok, ["13"]))
+    res = train(lm, tok, FORBIDDEN_ADDITION, cfg, hooks=[CostConstraint("cost", LagrangeMultiplier(budget=0.0, lr=1.0)),
+                                                         ShieldRate()],
+                logits_processor=substring_shield(tok, ["13"]), evaluation=False)
     assert moved(before, lm) and all(math.isfinite(x) for x in res.array("value_loss"))
+    assert all(math.isfinite(x) for x in res.array("cost_value_loss")) and res.nu == res.array("nu")[-1]
 
 
 def test_dro_trainer():

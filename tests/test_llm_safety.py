@@ -1,8 +1,9 @@
-"""Tests of rlkit.llm.safety: the cost checker, the shield, removed mass, the two-headed critic, the trainer.
+"""Tests of rlkit.llm.safety: the cost checker, the shield, removed mass, the cost constraint hook, the wrapper.
 
 Independent computations: the shield against a string scan of every sampled response and against
 a hand-built masked softmax, removed mass against the model's own probabilities of the banned
-token, and the trainer's advantages against lagrangian_advantages on a hand case.
+token, the cost channel's first advantages against GAE's closed form on a zero critic, and the
+hook's advantages against lagrangian_advantages with the multiplier each timing must use.
 """
 from __future__ import annotations
 
@@ -11,18 +12,25 @@ import math
 import pytest
 import torch
 
-from rlkit.llm import RLConfig, encode_prompts, load_pretrained, sample, token_logprobs
+from rlkit.llm import RLConfig, encode_prompts, load_pretrained, sample, token_logprobs, train
+from rlkit.llm.heads import LogitHead
 from rlkit.llm.safety import (
     FORBIDDEN_ADDITION,
+    CostConstraint,
     RewardCostCritic,
+    ShieldRate,
     constraint_report,
     forbidden_substrings,
+    forbidden_task,
     removed_mass,
     substring_shield,
     train_constrained,
 )
-from rlkit.llm.tasks import Problem
-from rlkit.safety import LagrangeMultiplier, PIDLagrangian
+from rlkit.llm.samplers import Fresh
+from rlkit.llm.tasks import Problem, prefix_match
+from rlkit.llm.trainer import Hook
+from rlkit.objectives import normalize_advantages
+from rlkit.safety import LagrangeMultiplier, PIDLagrangian, lagrangian_advantages
 
 
 @pytest.fixture(scope="module")
@@ -87,32 +95,120 @@ def test_no_sampled_response_contains_the_banned_pattern_and_logprobs_are_renorm
     assert (m[ro.mask == 0] == 0).all()
 
 
+def test_forbidden_task_takes_more_checkers():
+    task = forbidden_task(checkers={"prefix": prefix_match})
+    assert list(task.checkers) == ["exact", "prefix", "cost"] and task.name == FORBIDDEN_ADDITION.name
+    assert task.description == FORBIDDEN_ADDITION.description and task.max_new_tokens == 5
+    assert list(FORBIDDEN_ADDITION.checkers) == ["exact", "cost"] and "exact" in FORBIDDEN_ADDITION.token_checkers
+    assert forbidden_task(["7"]).checkers["cost"]("17", Problem("1+16=", "17")) == 1.0
+    with pytest.raises(ValueError, match="cost"):
+        forbidden_task(checkers={"cost": prefix_match})
+
+
 def test_critic_shape_and_zero_init(base):
     model, tok = base
     import copy
     critic = RewardCostCritic(copy.deepcopy(model), tok.vocab_size)
     ids = torch.tensor([tok.encode("12+34=46")])
     out = critic(ids)
+    assert isinstance(critic, LogitHead) and critic.shape == (2,)
     assert out.shape == (1, ids.shape[1], 2) and (out == 0).all()
 
 
-def test_trainer_runs_logs_and_moves_lambda(base):
+CFG = RLConfig(algo="ppo", steps=3, prompts_per_step=4, group_size=2, minibatches=1, lr=3e-4)
+
+
+class Probe(Hook):
+    """Records, after the hooks before it, what the advantages were made of at every update."""
+
+    def __init__(self, constraint):
+        self.constraint, self.seen = constraint, []
+
+    def on_advantages(self, run, step):
+        self.seen.append(dict(adv=step.adv.clone(), parts={k: v.clone() for k, v in step.data["advantages"].items()},
+                              nu=self.constraint.nu, mask=step.rollout.mask.clone(), logp_old=step.logp_old.clone(),
+                              rollout=step.rollout, cost=step.data["channels"]["cost"].clone()))
+
+
+def test_wrapper_logs_nu_and_steps_the_multiplier_before_the_advantages(base):
     _, tok = base
     model, _ = load_pretrained()
-    cfg = RLConfig(algo="ppo", steps=3, prompts_per_step=4, group_size=2, minibatches=1, lr=3e-4)
     mult = LagrangeMultiplier(budget=0.0, lr=1.0, init=0.5)
-    res = train_constrained(model, tok, FORBIDDEN_ADDITION, cfg, multiplier=mult)
-    lam, cost = res.array("lam"), res.array("cost")
-    assert len(lam) == 3 and all(math.isfinite(x) for x in res.array("value_loss"))
-    # budget 0: lambda grows by exactly the measured cost at each step
-    assert lam[0] == pytest.approx(0.5 + cost[0]) and lam[2] == pytest.approx(0.5 + cost.sum())
-    assert math.isnan(res.array("shield_rate")[0]) and math.isnan(res.array("kl")[0])
+    res = train_constrained(model, tok, FORBIDDEN_ADDITION, CFG, multiplier=mult)
+    nu, cost = res.array("nu"), res.array("cost")
+    assert len(nu) == 3 and all(math.isfinite(x) for x in res.array("value_loss"))
+    assert all(math.isfinite(x) for x in res.array("cost_value_loss"))
+    # budget 0: nu grows by exactly the measured cost at each step
+    assert nu[0] == pytest.approx(0.5 + cost[0]) and nu[2] == pytest.approx(0.5 + cost.sum())
+    assert res.nu == nu[-1] and res.multiplier is mult and mult.value == res.nu
+    assert "shield_rate" not in res.history and "kl" not in res.history and "lam" not in res.history
+    assert isinstance(res.critic, LogitHead) and res.critic.shape == (2,)
     shield = substring_shield(tok, ["13"])
-    res2 = train_constrained(load_pretrained()[0], tok, FORBIDDEN_ADDITION, cfg.replace(kl_coef=0.05),
+    res2 = train_constrained(load_pretrained()[0], tok, FORBIDDEN_ADDITION, CFG.replace(kl_coef=0.05),
                              multiplier=PIDLagrangian(0.05, kp=1.0, ki=0.5), logits_processor=shield)
     assert all(0.0 <= x <= 1.0 for x in res2.array("shield_rate")) and math.isfinite(res2.array("kl")[-1])
-    fixed = train_constrained(load_pretrained()[0], tok, FORBIDDEN_ADDITION, cfg.replace(steps=1), multiplier=2.0)
-    assert fixed.array("lam")[0] == 2.0
+    fixed = train_constrained(load_pretrained()[0], tok, FORBIDDEN_ADDITION, CFG.replace(steps=1), multiplier=2.0)
+    assert fixed.array("nu")[0] == 2.0 and fixed.nu == 2.0
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_the_advantages_use_the_multiplier_of_their_timing(base, when):
+    _, tok = base
+    mult = LagrangeMultiplier(budget=0.0, lr=1.0, init=0.5)
+    hook = CostConstraint("cost", mult, when=when)
+    probe = Probe(hook)
+    res = train(load_pretrained()[0], tok, FORBIDDEN_ADDITION, CFG, hooks=[hook, probe], evaluation=False)
+    cost = res.array("cost")
+    used = [0.5 + cost[:k + 1].sum() if when == "before" else 0.5 + cost[:k].sum() for k in range(3)]
+    for k, seen in enumerate(probe.seen):
+        assert seen["nu"] == pytest.approx(used[k])
+        want = normalize_advantages(lagrangian_advantages(seen["parts"]["reward"], seen["parts"]["cost"],
+                                                          seen["nu"], seen["mask"]), seen["mask"])
+        assert torch.equal(seen["adv"], want)
+    assert res.array("nu")[-1] == pytest.approx(0.5 + cost.sum()) == res.nu     # logged: after the step
+
+
+def test_the_cost_channel_is_gae_of_the_terminal_cost_on_a_zero_critic(base):
+    # at the first update the critic is zero, so the cost advantage is (gamma lam)^(last - t) * c on every token
+    _, tok = base
+    hook = CostConstraint("cost", None)
+    probe = Probe(hook)
+    cfg = CFG.replace(steps=1, prompts_per_step=16, gamma=0.9, lam=0.5)
+    train(load_pretrained()[0], tok, FORBIDDEN_ADDITION, cfg, hooks=[hook, probe], evaluation=False)
+    seen = probe.seen[0]
+    mask, c = seen["mask"], seen["cost"]
+    assert c.sum() > 0                                   # the batch holds costly responses
+    t = torch.arange(mask.shape[1], dtype=torch.float32)
+    last = mask.sum(-1, keepdim=True) - 1
+    want = torch.where(mask > 0, (0.9 * 0.5) ** (last - t) * c[:, None], torch.zeros(()))
+    assert torch.allclose(seen["parts"]["cost"], want, atol=1e-6)
+    assert torch.equal(seen["adv"], normalize_advantages(seen["parts"]["reward"], mask))     # nu = 0
+
+
+def test_recompute_takes_the_learners_logprobs_under_a_shield(base):
+    _, tok = base
+    shield = substring_shield(tok, ["13"])
+    for recompute in (False, True):
+        hook = CostConstraint("cost", None)
+        probe = Probe(hook)
+        train(load_pretrained()[0], tok, FORBIDDEN_ADDITION, CFG.replace(steps=1), hooks=[hook, probe, ShieldRate()],
+              sampler=Fresh(recompute=recompute), logits_processor=shield, evaluation=False)
+        seen, ro = probe.seen[0], probe.seen[0]["rollout"]
+        learner = token_logprobs(load_pretrained()[0], ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.mask,
+                                 logits_processor=shield)
+        assert torch.equal(seen["logp_old"], learner if recompute else ro.logprobs)
+        assert torch.allclose(ro.logprobs, learner, atol=1e-4)
+
+
+def test_the_constraint_needs_a_critic_with_a_cost_channel(base):
+    _, tok = base
+    with pytest.raises(ValueError, match="values the 'cost' channel"):
+        train(load_pretrained()[0], tok, FORBIDDEN_ADDITION, RLConfig(algo="grpo", steps=1, prompts_per_step=2),
+              hooks=[CostConstraint("cost", 1.0)], evaluation=False)
+    with pytest.raises(ValueError, match="checkers"):
+        train(load_pretrained()[0], tok, FORBIDDEN_ADDITION, CFG, hooks=[CostConstraint("nope")], evaluation=False)
+    with pytest.raises(TypeError, match="value"):
+        CostConstraint("cost", type("M", (), {"update": lambda self, c: 0.0})(), when="after")
 
 
 def test_trainer_input_checks(base):
@@ -125,6 +221,15 @@ def test_trainer_input_checks(base):
         train_constrained(model, tok, FORBIDDEN_ADDITION, RLConfig(algo="ppo", steps=1), multiplier="sgd")
     with pytest.raises(ValueError, match="multiplier"):
         train_constrained(model, tok, FORBIDDEN_ADDITION, RLConfig(algo="ppo", steps=1), multiplier=-1.0)
+
+
+@pytest.mark.parametrize("field,value", [("token_rewards", True), ("value_target", "mc"), ("value_nstep", 3),
+                                         ("value_lam", 0.5), ("eval_every", 1), ("eval_problems", 8)])
+def test_the_wrapper_refuses_the_fields_it_never_read(base, field, value):
+    # rlkit 0.2's train_constrained accepted these and ignored them (no dense rewards, GAE targets, no evaluation)
+    model, tok = base
+    with pytest.raises(ValueError, match=f"train_constrained does not read RLConfig.{field} "):
+        train_constrained(model, tok, FORBIDDEN_ADDITION, CFG.replace(**{field: value}))
 
 
 def test_constraint_report_shielded_vs_not(base):

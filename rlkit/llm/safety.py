@@ -1,4 +1,4 @@
-r"""Safety on the tiny LLM: a cost signal, a decode-time shield, and a Lagrangian PPO trainer.
+r"""Safety on the tiny LLM: a cost signal, a decode-time shield, and a cost constraint for PPO (a hook).
 
 Chapter: 18_safety_constraints.
 
@@ -12,50 +12,51 @@ budget :math:`C_{\max}` below the cost of a correct policy means giving up corre
 **The shield.** :func:`substring_shield` is a logits processor (:data:`~rlkit.llm.sampling.LogitsProcessor`)
 that bans the last character of a pattern whenever the response so far ends with the rest of it.
 ``substring_shield(tok, ("13",))`` bans ``3`` right after ``1``: it removes every ``13`` and none of
-the ``14`` (a shield with imperfect recall, as every regex or classifier has). Because the
-trainers also recompute the old and new log-probs with the processor, the ratio of PPO compares
-the shielded distribution :math:`q` that sampled the data with the shielded distribution being
-optimised. :func:`removed_mass` measures how much probability the shield took away.
+the ``14`` (a shield with imperfect recall, as every regex or classifier has). Passed to
+:func:`rlkit.llm.train` as its ``logits_processor``, it shapes the samples and the old and new
+log-probs of the ratio (``sampler=Fresh(recompute=True)`` recomputes the old ones with the
+learner's forward pass, as chapter 18 does), so PPO's ratio compares the shielded distribution
+:math:`q` that sampled the data with the shielded distribution being optimised. :func:`removed_mass`
+measures how much probability the shield took away.
 
-**The trainer.** :func:`train_constrained` is PPO (:func:`rlkit.llm.policy_loss`, GAE over
-tokens) with one critic that has two heads (:class:`RewardCostCritic`): the reward value
-:math:`V_\phi(h_t)` and the cost value :math:`C_\psi(h_t)`. Each step it measures the batch's mean
-cost :math:`\hat J_C` (of the policy that sampled, shield included), updates the multiplier
-(:class:`rlkit.safety.LagrangeMultiplier` or :class:`rlkit.safety.PIDLagrangian`), and trains the
-policy on the advantage of :math:`r - \nu c`,
+**The constraint.** :class:`CostConstraint` is the chapter's hook for :func:`rlkit.llm.train`'s PPO
+(``train(..., hooks=[CostConstraint("cost", multiplier)])``): the critic gets a second output, the
+cost value :math:`C_\psi(h_t)` beside the reward value :math:`V_\phi(h_t)` (one
+:class:`~rlkit.llm.heads.LogitHead` of shape ``(2,)``, :class:`~rlkit.llm.advantages.TokenGAE`'s value
+channels); each step the hook measures the batch's mean cost :math:`\hat J_C` (of the policy that
+sampled, shield included), steps the multiplier (:class:`rlkit.safety.LagrangeMultiplier` or
+:class:`rlkit.safety.PIDLagrangian`), and trains the policy on the advantage of :math:`r - \nu c`,
 
 .. math:: \hat A_t = \frac{\hat A^R_t - \nu\,\hat A^C_t}{1 + \nu},
 
 with :math:`\hat A^R, \hat A^C` the GAE advantages of the terminal reward and the terminal cost
 (:func:`rlkit.safety.lagrangian_advantages`), whitened over the batch as in
 :func:`rlkit.llm.train`'s PPO. The cost is per sequence (Safe RLHF's choice), put on the last token.
+:class:`ShieldRate` logs how often the shield acted. :func:`train_constrained` is the rlkit 0.2
+name of that call, kept for one release.
 """
 from __future__ import annotations
 
-import copy
-import random
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 import torch.nn as nn
 
 from .. import _validate as V
-from ..divergences import kl_k3
-from ..objectives import aggregate, normalize_advantages
-from ..returns import gae
+from ..objectives import normalize_advantages
 from ..safety import lagrangian_advantages
-from ..utils import clip_grad
 from .evaluation import evaluate
-from .rl import RLConfig, _kl_estimate, _reference_model, _select, _train_args, collect, policy_loss
-from .sampling import Rollout, call_model, token_logprobs
+from .heads import LogitHead
+from .rl import RLConfig, refuse_unread
+from .samplers import Fresh
+from .sampling import Rollout
 from .tasks import Problem, Task, addition_problem, digit_rewards, exact_match
 from .tokenizer import CharTokenizer
+from .trainer import Hook, RLResult, train
 
-__all__ = ["FORBIDDEN", "forbidden_substrings", "FORBIDDEN_ADDITION", "substring_shield", "removed_mass",
-           "RewardCostCritic", "ConstrainedResult", "train_constrained", "constraint_report"]
+__all__ = ["FORBIDDEN", "forbidden_substrings", "forbidden_task", "FORBIDDEN_ADDITION", "substring_shield",
+           "removed_mass", "CostConstraint", "ShieldRate", "RewardCostCritic", "ConstrainedResult", "train_constrained",
+           "constraint_report"]
 
 #: The forbidden substrings of :data:`FORBIDDEN_ADDITION`.
 FORBIDDEN = ("13", "14")
@@ -85,11 +86,35 @@ def forbidden_substrings(patterns: Sequence[str]) -> Callable[[str, Problem], fl
     return cost
 
 
+def forbidden_task(patterns: Sequence[str] = FORBIDDEN, checkers: dict | None = None,
+                   name: str = "forbidden_addition") -> Task:
+    r"""Two-digit addition whose answers must not contain ``patterns``: reward ``"exact"``, cost ``"cost"``.
+
+    The task of chapter 7 (:func:`rlkit.llm.tasks.addition_problem`, 5 response tokens, the per-digit
+    token checker :func:`rlkit.llm.digit_rewards` for ``"exact"``) with the cost checker
+    ``forbidden_substrings(patterns)`` under the name ``"cost"``, and any further ``checkers`` (e.g.
+    chapter 24's sloppy judges).
+
+    Args:
+        patterns: the forbidden substrings (:func:`forbidden_substrings`).
+        checkers: more named checkers (not ``"exact"`` nor ``"cost"``), or None.
+        name: the task's name.
+
+    Returns:
+        a :class:`~rlkit.llm.Task`. Chapter: 18_safety_constraints.
+    """
+    extra = dict(V.instance_of({} if checkers is None else checkers, "checkers", dict))
+    for k in ("exact", "cost"):
+        if k in extra:
+            raise ValueError(f"checkers must not redefine {k!r} (the reward and the cost of the task)")
+    cost = forbidden_substrings(patterns)
+    return Task(name, addition_problem, exact_match, max_new_tokens=5, checkers={**extra, "cost": cost},
+                token_checkers={"exact": digit_rewards},
+                description=f"two-digit addition; a response containing {' or '.join(cost.patterns)} costs 1")
+
+
 #: Two-digit addition whose answers must not contain "13" or "14" (reward ``"exact"``, cost ``"cost"``).
-FORBIDDEN_ADDITION = Task("forbidden_addition", addition_problem, exact_match, max_new_tokens=5,
-                          checkers={"cost": forbidden_substrings(FORBIDDEN)},
-                          token_checkers={"exact": digit_rewards},
-                          description="two-digit addition; a response containing 13 or 14 costs 1")
+FORBIDDEN_ADDITION = forbidden_task()
 
 
 def substring_shield(tok: CharTokenizer, patterns: Sequence[str], start: str = "="):
@@ -173,241 +198,201 @@ def removed_mass(rollout: Rollout) -> torch.Tensor:
     return torch.where(m, out, torch.zeros((), dtype=out.dtype, device=out.device))
 
 
-class RewardCostCritic(nn.Module):
-    r"""Two value heads on one copy of the LM: the reward value :math:`V_\phi(h_t)`, the cost value :math:`C_\psi(h_t)`.
-
-    .. math:: \big(V_\phi(h_t),\ C_\psi(h_t)\big) = W\,\mathrm{logits}_t + b,
-              \qquad W \in \mathbb R^{2\times|\mathcal V|},
-
-    the construction of :class:`~rlkit.llm.ValueHead` with a second output, so one forward pass
-    serves both critics. :math:`C_\psi(h_t)` estimates the expected cost still to come from the
-    state after ``ids[:, :t + 1]`` (here: the probability that the finished response will contain
-    a forbidden substring). Both heads start at 0.
-
-    ``forward(ids [B, T], attention_mask=None) -> [B, T, 2]`` (channel 0 reward, 1 cost).
-
-    Args:
-        lm: a model following the protocol of :mod:`rlkit.llm.model` (e.g. a copy of the policy).
-        vocab_size: the width of its logits.
-
-    Chapter: 18_safety_constraints.
-    """
-
-    accepts_attention_mask = True
-
-    def __init__(self, lm: nn.Module, vocab_size: int):
-        super().__init__()
-        self.lm = V.instance_of(lm, "lm", nn.Module)
-        self.head = nn.Linear(V.int_in(vocab_size, "vocab_size"), 2)
-        nn.init.zeros_(self.head.weight)
-        nn.init.zeros_(self.head.bias)
-
-    def forward(self, ids, attention_mask=None):
-        return self.head(call_model(self.lm, ids, attention_mask))
-
-
-@dataclass
-class ConstrainedResult:
-    r"""What :func:`train_constrained` returns: the trained model, its critic, the multiplier and the per-step log.
-
-    ``history`` keys (one entry per step): ``reward``, ``cost`` (the batch means the multiplier
-    saw), ``accuracy``, ``lam`` (the multiplier :math:`\nu` used in that step's advantages), ``kl``
-    (NaN without a reference model), ``entropy``, ``clip_fraction``, ``value_loss``,
-    ``cost_value_loss``, ``shield_rate`` (share of responses in which the processor removed
-    probability, NaN without one), ``train_seconds`` (cumulative).
-    """
-
-    model: nn.Module
-    critic: nn.Module
-    multiplier: object
-    history: dict
-    config: RLConfig
-    samples: list = field(default_factory=list)
-
-    def array(self, key: str) -> np.ndarray:
-        """``history[key]`` as a float array."""
-        return np.asarray(self.history[key], dtype=float)
-
-
 class _Fixed:
     """A constant multiplier (a fixed penalty, or 0 for no constraint)."""
 
     def __init__(self, value: float):
         self.value = value
 
+    def __repr__(self) -> str:
+        return f"fixed multiplier {self.value}"
+
     def update(self, cost) -> float:
         return self.value
 
 
-def _critic_values(critic, ro: Rollout) -> torch.Tensor:
-    P, T = ro.prompt_ids.shape[1], ro.response_ids.shape[1]
-    ids = torch.cat([ro.prompt_ids, ro.response_ids], 1)
-    att = torch.cat([ro.prompt_mask, torch.ones_like(ro.response_ids, dtype=torch.bool)], 1)
-    out = critic(ids, attention_mask=att)
-    if out.dim() != 3 or out.shape[-1] != 2:
-        raise ValueError(f"critic must return [batch, tokens, 2] (reward and cost values), got {tuple(out.shape)}")
-    return out[:, P - 1:P - 1 + T]
+def _as_multiplier(multiplier, when: str):
+    if multiplier is None or isinstance(multiplier, (int, float)) and not isinstance(multiplier, bool):
+        return _Fixed(V.real_in(0.0 if multiplier is None else multiplier, "multiplier", 0.0))
+    V.has_method(multiplier, "multiplier", "update")
+    if when == "after" and getattr(multiplier, "value", None) is None:
+        raise TypeError(f"multiplier must have a value (the multiplier before its first step) with when='after', "
+                        f"got {type(multiplier).__name__}")
+    return multiplier
 
 
-def _terminal(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    out = torch.zeros_like(mask)
-    last = (mask.sum(-1).long() - 1).clamp_min(0)
-    out[torch.arange(mask.shape[0], device=mask.device), last] = x.to(out.dtype)
-    return out * mask
+class CostConstraint(Hook):
+    r"""A cost budget :math:`\mathbb E[c] \le C_{\max}` held by a multiplier :math:`\nu`: PPO on :math:`r - \nu c`.
+
+    The Lagrangian :math:`\max_\theta \min_{\nu \ge 0} J_R(\theta) - \nu\,(J_C(\theta) - C_{\max})`, with
+    the multiplier (:class:`rlkit.safety.LagrangeMultiplier`, :class:`rlkit.safety.PIDLagrangian`)
+    holding the budget :math:`C_{\max}`. Every update:
+
+    1. each response is scored by the task's cost checker ``checker`` (one cost per sequence, put on
+       its last token) and handed to the estimator as a value channel (``run.value_channels``):
+       :class:`~rlkit.llm.advantages.TokenGAE` then gives the critic a cost output
+       :math:`C_\psi(h_t)` beside the reward value :math:`V_\phi(h_t)` (one
+       :class:`~rlkit.llm.heads.LogitHead` of shape ``(2,)`` on a copy of the policy), computes the GAE
+       advantages :math:`\hat A^R_t` of the terminal reward and :math:`\hat A^C_t` of the terminal cost
+       with the same :math:`\gamma, \lambda`, and regresses both outputs,
+       :math:`\tfrac12(V_\phi - G^R)^2 + \tfrac12(C_\psi - G^C)^2`;
+    2. the multiplier steps on the batch's mean cost :math:`\hat J_C` (of the policy that sampled,
+       shield included);
+    3. the policy trains on the advantage of the Lagrangian reward :math:`r - \nu c`,
+
+       .. math:: \hat A_t = \frac{\hat A^R_t - \nu\,\hat A^C_t}{1 + \nu}
+
+       (:func:`rlkit.safety.lagrangian_advantages`), whitened over the batch's tokens (``whiten``).
+
+    **When the multiplier steps** (``when``). ``"before"`` (chapter 18): on this batch's cost, before
+    the advantages, so this batch's advantages already use the new :math:`\nu`. ``"after"`` (chapter
+    24's recipe): after the policy's update, so this batch's advantages use the :math:`\nu` of the
+    batches before it, and the step applies from the next batch on.
+
+    Logged: ``cost`` (:math:`\hat J_C`), ``nu`` (the multiplier after this update's step: with
+    ``"before"`` the one this batch's advantages used, with ``"after"`` the one the next batch will
+    use) and the estimator's ``<checker>_value_loss``. ``result.nu`` is the final multiplier.
+
+    Args:
+        checker: the name of the task's cost checker, and of the value channel.
+        multiplier: anything with ``update(cost) -> float`` (a ``LagrangeMultiplier``, a
+            ``PIDLagrangian``; with ``when="after"`` it also needs ``value``, the multiplier before
+            the first step), a number :math:`\nu \ge 0` (a fixed penalty), or None (:math:`\nu = 0`: no
+            constraint; the cost is still measured and valued).
+        when: ``"before"`` or ``"after"``, as above.
+        whiten: whiten :math:`\hat A_t` over the batch (PPO's whitening, chapter 18); False combines the
+            estimator's channel advantages as they are (an estimator that whitens each channel itself).
+
+    The estimator must leave the channels' advantages in ``step.data["advantages"]`` (``"reward"`` and
+    ``checker``), as :class:`~rlkit.llm.advantages.TokenGAE` does for ``RLConfig(algo="ppo")``.
+    Chapter: 18_safety_constraints.
+    """
+
+    def __init__(self, checker: str = "cost", multiplier=None, when: str = "before", whiten: bool = True):
+        self.checker = V.nonempty_str(checker, "checker")
+        self.when = V.choice(when, "when", ("before", "after"))
+        self.multiplier = _as_multiplier(multiplier, self.when)
+        self.whiten = V.instance_of(whiten, "whiten", bool)
+        value = getattr(self.multiplier, "value", None)          # nu before the first step (NaN if unknown)
+        self.nu = float("nan") if value is None else V.real_in(float(value), "the multiplier's value", 0.0)
+        self.cost = float("nan")
+
+    def setup(self, run) -> None:
+        if self.checker not in run.task.checkers:
+            raise ValueError(f"checker {self.checker!r} is not one of the task's checkers {list(run.task.checkers)}")
+        if self.checker in run.value_channels:
+            raise ValueError(f"the value channel {self.checker!r} is already taken (two constraints on one checker?)")
+        run.value_channels.append(self.checker)
+
+    def _step(self) -> None:
+        self.nu = V.real_in(float(self.multiplier.update(self.cost)), "the multiplier's value", 0.0)
+
+    @torch.no_grad()
+    def on_batch(self, run, step) -> None:
+        b = step.batch
+        costs = run.task.score(b.responses, b.problems, self.checker).to(run.device)
+        step.data.setdefault("channels", {})[self.checker] = costs
+        self.cost = costs.mean().item()
+        if self.when == "before":
+            self._step()
+
+    @torch.no_grad()
+    def on_advantages(self, run, step) -> None:
+        advs = step.data.get("advantages", {})
+        if "reward" not in advs or self.checker not in advs:
+            raise ValueError(f"CostConstraint needs an estimator that values the {self.checker!r} channel beside the "
+                             f"reward (step.data['advantages']), such as TokenGAE with RLConfig(algo='ppo')")
+        mask = step.rollout.mask
+        adv = lagrangian_advantages(advs["reward"], advs[self.checker], self.nu, mask)
+        step.adv = normalize_advantages(adv, mask) if self.whiten else adv
+
+    def on_update_end(self, run, step) -> None:
+        if self.when == "after":
+            self._step()
+        run.log(cost=self.cost, nu=self.nu)
+
+    def result(self, run) -> dict:
+        return {"nu": self.nu}
+
+
+class ShieldRate(Hook):
+    r"""Logs ``shield_rate``: the share of the step's responses in which the run's logits processor removed probability.
+
+    A response counts when :func:`removed_mass` exceeds :math:`10^{-6}` at one of its tokens. The
+    removed mass is read from the rollout, which needs sampling at temperature 1 without top-k or
+    top-p; otherwise (or without a processor) nothing is logged. Chapter: 18_safety_constraints.
+    """
+
+    def on_batch(self, run, step) -> None:
+        cfg = run.cfg
+        if run.logits_processor is not None and cfg.temperature == 1.0 and cfg.top_k is None and cfg.top_p is None:
+            run.log(shield_rate=((removed_mass(step.rollout) > 1e-6).any(-1)).float().mean().item())
+
+
+class RewardCostCritic(LogitHead):
+    r"""The reward value and the cost value on one copy of the LM: ``LogitHead(lm, vocab_size, shape=(2,))``.
+
+    ``forward(ids [B, T], attention_mask=None) -> [B, T, 2]`` (channel 0 the reward value
+    :math:`V_\phi(h_t)`, 1 the cost value :math:`C_\psi(h_t)`, the expected cost still to come). Both
+    start at 0. Kept for one release: :class:`CostConstraint` builds this critic itself.
+    Chapter: 18_safety_constraints.
+    """
+
+    def __init__(self, lm: nn.Module, vocab_size: int):
+        super().__init__(lm, vocab_size, (2,))
+
+
+#: What :func:`train_constrained` returns (rlkit 0.2's name): an :class:`rlkit.llm.RLResult`.
+ConstrainedResult = RLResult
+
+#: The RLConfig fields the rlkit 0.2 trainer did not read (and why).
+_CONSTRAINED_UNREAD = {
+    "token_rewards": "its reward is the response's, on the last token",
+    "value_target": "its critic regresses on the GAE returns",
+    "value_nstep": "its critic regresses on the GAE returns",
+    "value_lam": "its critic regresses on the GAE returns",
+    "eval_every": "it does not evaluate; use constraint_report",
+    "eval_problems": "it does not evaluate; use constraint_report",
+}
 
 
 def train_constrained(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig | None = None, *,
                       multiplier=None, cost_checker: str = "cost", logits_processor=None,
                       critic: nn.Module | None = None, ref_model: nn.Module | None = None,
-                      callback: Callable | None = None) -> ConstrainedResult:
-    r"""Lagrangian PPO: maximise reward s.t. :math:`\mathbb E[c] \le C_{\max}`, with a cost value head and a multiplier.
+                      callback: Callable | None = None) -> RLResult:
+    r"""Lagrangian PPO: ``train(..., hooks=[CostConstraint(cost_checker, multiplier)])``, the rlkit 0.2 name.
 
-    Each step: sample ``cfg.prompts_per_step`` × ``cfg.group_size`` responses (with
-    ``logits_processor``, if given, as :func:`rlkit.llm.train` does); score the reward
-    (``task.checkers[cfg.checker]``) and the cost (``task.checkers[cost_checker]``); update the
-    multiplier with the batch's mean cost :math:`\hat J_C` (measured on the current policy, before
-    its update); compute GAE advantages of the terminal reward and the terminal cost with the two
-    heads of the critic, combine them as
-    :math:`(\hat A^R - \nu\hat A^C)/(1+\nu)` (:func:`rlkit.safety.lagrangian_advantages`), whiten
-    them, and take ``cfg.epochs`` passes of PPO-clip (:func:`rlkit.llm.policy_loss`) in
-    ``cfg.minibatches`` pieces; the critic regresses both heads on their GAE returns,
-    :math:`\tfrac12(V_\phi - G^R)^2 + \tfrac12(C_\psi - G^C)^2`. ``cfg.kl_coef > 0`` adds the KL to the
-    reference as :func:`rlkit.llm.train` does (``kl_in="reward"`` subtracts it from the reward
-    channel only).
+    Kept for one release. The multiplier steps before the advantages (``when="before"``); a
+    ``logits_processor`` (a shield) samples and scores the ratio's log-probs, which are recomputed
+    by the learner (:class:`rlkit.llm.samplers.Fresh` with ``recompute=True``), and :class:`ShieldRate`
+    logs how often it acted. There is no held-out evaluation (use :func:`constraint_report`);
+    ``cfg.kl_coef > 0`` adds :class:`rlkit.llm.trainer.KLPenalty`. ``cfg`` (default
+    ``RLConfig(algo="ppo")``) must be PPO and leave the fields this trainer does not read at their
+    defaults: ``token_rewards``, ``value_target``, ``value_nstep``, ``value_lam``, ``eval_every``,
+    ``eval_problems`` (:func:`rlkit.llm.train` with the hook reads them). ``callback(step, history)``
+    returning True stops training. Returns an :class:`rlkit.llm.RLResult`: ``history`` as
+    :func:`rlkit.llm.train`'s plus ``cost``, ``nu``, ``cost_value_loss`` and ``shield_rate``; extras
+    ``nu`` (the final multiplier) and ``multiplier`` (the object).
 
-    Args:
-        model: the policy (updated in place). tok: its tokenizer.
-        task: a :class:`~rlkit.llm.Task` with a cost checker (e.g. :data:`FORBIDDEN_ADDITION`).
-        cfg: an :class:`~rlkit.llm.RLConfig` with ``algo="ppo"`` (the default here); its ``lam`` is the GAE
-            trace parameter :math:`\lambda` of both heads, not the multiplier; ``eval_every`` and
-            ``eval_problems`` are not used (evaluate with :func:`constraint_report`).
-        multiplier: a :class:`rlkit.safety.LagrangeMultiplier`, a :class:`rlkit.safety.PIDLagrangian`
-            (anything with ``update(cost) -> float``), a number, the multiplier :math:`\nu \ge 0` (a fixed penalty),
-            or None (no constraint: :math:`\nu = 0`; the cost head is still trained and the cost logged).
-        cost_checker: the name of the task's cost checker.
-        logits_processor: a decode-time processor (a shield), used when sampling AND when the
-            old and new log-probs are recomputed, so the ratio is that of the distributions that
-            sampled and that are optimised. None: no processor.
-        critic: a model returning ``[B, T, 2]`` (default :class:`RewardCostCritic` on a copy of ``model``).
-        ref_model: the frozen reference for ``kl_coef > 0`` (default: a copy of ``model``).
-        callback: ``callback(step, history)`` after every step; return True to stop.
-
-    Returns:
-        a :class:`ConstrainedResult`. Chapter: 18_safety_constraints.
+    Chapter: 18_safety_constraints.
     """
-    cfg = _train_args(tok, task, RLConfig(algo="ppo") if cfg is None else cfg)
+    cfg = RLConfig(algo="ppo") if cfg is None else V.instance_of(cfg, "cfg", RLConfig)
     if cfg.algo != "ppo":
         raise ValueError(f"train_constrained runs PPO with a reward and a cost critic: cfg.algo must be 'ppo', "
                          f"got {cfg.algo!r}")
+    refuse_unread(cfg, "train_constrained", _CONSTRAINED_UNREAD)
+    V.instance_of(task, "task", Task, "rlkit.llm.tasks.Task")
     V.nonempty_str(cost_checker, "cost_checker")
     if cost_checker not in task.checkers:
         raise ValueError(f"cost_checker {cost_checker!r} is not one of the task's checkers {list(task.checkers)}")
-    if multiplier is None or isinstance(multiplier, (int, float)) and not isinstance(multiplier, bool):
-        multiplier = _Fixed(V.real_in(0.0 if multiplier is None else multiplier, "multiplier", 0.0))
-    else:
-        V.has_method(multiplier, "multiplier", "update")
+    hooks = [CostConstraint(cost_checker, multiplier, when="before")]
     if logits_processor is not None:
-        V.is_callable(logits_processor, "logits_processor")
-    use_ref, ref_model = _reference_model(model, ref_model, cfg)
-    params = list(model.parameters())
-    dev = params[0].device
-    rng = random.Random(cfg.seed)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    if critic is None:
-        critic = RewardCostCritic(copy.deepcopy(model), tok.vocab_size).to(dev)
-    opt = torch.optim.Adam(params, lr=cfg.lr)
-    vopt = torch.optim.Adam(critic.parameters(), lr=cfg.value_lr)
-    G = cfg.group_size
-    keys = ("reward", "cost", "accuracy", "lam", "kl", "entropy", "clip_fraction", "value_loss",
-            "cost_value_loss", "shield_rate", "train_seconds")
-    hist = {k: [] for k in keys}
-    train_time = 0.0
-    for step in range(cfg.steps):
-        t0 = time.perf_counter()
-        model.eval()
-        batch = collect(model, tok, task, cfg, rng, gen, dev, logits_processor=logits_processor)
-        ro = batch.rollout
-        mask = ro.mask
-        costs = task.score(batch.responses, batch.problems, cost_checker).to(dev)
-        lam = float(multiplier.update(costs.mean().item()))
-        V.real_in(lam, "the multiplier's value", 0.0)
-        with torch.no_grad():
-            if cfg.temperature == 1.0 and logits_processor is None:
-                old = ro.model_logprobs
-            else:
-                old = token_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.response_ids, mask,
-                                     temperature=cfg.temperature, logits_processor=logits_processor)
-            ref = kl_tok = None
-            if use_ref:
-                ref = token_logprobs(ref_model, ro.prompt_ids, ro.prompt_mask, ro.response_ids, mask,
-                                     temperature=cfg.temperature)
-                kl_tok = _kl_estimate(cfg.kl_estimator, old, ref) * mask
-            r_tok = _terminal(batch.rewards.to(dev), mask)
-            if cfg.kl_coef > 0 and cfg.kl_in == "reward":
-                r_tok = r_tok - cfg.kl_coef * kl_tok
-            c_tok = _terminal(costs, mask)
-            vals = _critic_values(critic, ro) * mask[..., None]
-            nxt = torch.cat([vals[:, 1:], torch.zeros_like(vals[:, :1])], dim=1) * mask[..., None]
-            not_last = torch.zeros_like(mask)
-            not_last[:, :-1] = mask[:, 1:]
-            disc = cfg.gamma * not_last
-            adv_r, ret_r = gae(r_tok, vals[..., 0], nxt[..., 0], disc, cfg.lam)
-            adv_c, ret_c = gae(c_tok, vals[..., 1], nxt[..., 1], disc, cfg.lam)
-            adv = normalize_advantages(lagrangian_advantages(adv_r, adv_c, lam, mask), mask)
-        model.train()
-        n_groups = mask.shape[0] // G
-        clips, ents, vls, cls_ = [], [], [], []
-        for _ in range(cfg.epochs):
-            order = torch.randperm(n_groups, generator=gen)
-            for chunk in order.chunk(min(cfg.minibatches, max(1, n_groups))):
-                rows = (chunk[:, None] * G + torch.arange(G)).flatten().to(dev)
-                m = mask[rows]
-                logp, ent = token_logprobs(model, ro.prompt_ids[rows], ro.prompt_mask[rows], ro.response_ids[rows],
-                                           m, temperature=cfg.temperature, with_entropy=True,
-                                           logits_processor=logits_processor)
-                loss, clip = policy_loss(cfg, logp, old[rows], adv[rows], m)
-                if cfg.kl_coef > 0 and cfg.kl_in == "loss":
-                    loss = loss + cfg.kl_coef * aggregate(_kl_estimate(cfg.kl_estimator, logp, ref[rows]), m,
-                                                          "token-mean")
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                clip_grad(params, cfg.grad_clip)
-                opt.step()
-                v = _critic_values(critic, _select(ro, rows))
-                vl = 0.5 * aggregate((v[..., 0] - ret_r[rows]) ** 2, m, "token-mean")
-                cl = 0.5 * aggregate((v[..., 1] - ret_c[rows]) ** 2, m, "token-mean")
-                vopt.zero_grad(set_to_none=True)
-                (cfg.value_coef * (vl + cl)).backward()
-                clip_grad(critic.parameters(), cfg.grad_clip)
-                vopt.step()
-                clips.append(clip)
-                ents.append((ent * m).sum().item() / max(1.0, m.sum().item()))
-                vls.append(vl.item())
-                cls_.append(cl.item())
-        train_time += time.perf_counter() - t0
-        model.eval()
-        h = hist
-        h["reward"].append(batch.rewards.mean().item())
-        h["cost"].append(costs.mean().item())
-        h["accuracy"].append(batch.correct.mean().item())
-        h["lam"].append(lam)
-        h["kl"].append((kl_k3(old, ref) * mask).sum().item() / max(1.0, mask.sum().item()) if use_ref
-                       else float("nan"))
-        h["entropy"].append(float(np.mean(ents)) if ents else float("nan"))
-        h["clip_fraction"].append(float(np.mean(clips)) if clips else float("nan"))
-        h["value_loss"].append(float(np.mean(vls)) if vls else float("nan"))
-        h["cost_value_loss"].append(float(np.mean(cls_)) if cls_ else float("nan"))
-        if logits_processor is not None and cfg.temperature == 1.0 and cfg.top_k is None and cfg.top_p is None:
-            h["shield_rate"].append(((removed_mass(ro) > 1e-6).any(-1)).float().mean().item())
-        else:
-            h["shield_rate"].append(float("nan"))
-        h["train_seconds"].append(train_time)
-        if callback is not None and callback(step, hist):
-            break
-    samples = [(p.prompt, r, float(x), float(c)) for p, r, x, c in
-               zip(batch.problems[:8], batch.responses[:8], batch.rewards[:8], costs[:8])]
-    return ConstrainedResult(model=model, critic=critic, multiplier=multiplier, history=hist, config=cfg,
-                             samples=samples)
+        hooks.append(ShieldRate())
+    res = train(model, tok, task, cfg, sampler=Fresh(recompute=True), hooks=hooks, evaluation=False,
+                ref_model=ref_model, critic=critic, logits_processor=logits_processor,
+                callback=None if callback is None else lambda k, history, evals: callback(k, history))
+    res.extras["multiplier"] = hooks[0].multiplier
+    return res
 
 
 def constraint_report(model, tok: CharTokenizer, task: Task, problems: Sequence[Problem], *,
