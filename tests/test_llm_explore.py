@@ -1,6 +1,8 @@
 """Tests of rlkit.llm.explore (chapter 22): pass@k and distinct answers against brute-force
 enumeration of subsets, the diversity bonus by hand, running statistics against numpy, RND's
-normalisation, the FACTS task and its grammar, and the trainer's contracts."""
+normalisation, the FACTS task and its grammar, the three bonus hooks of rlkit.llm.train (what each
+adds, in which order), and the train_explore wrapper's contracts (every setting it does not read is
+refused by name)."""
 import itertools
 import math
 import random
@@ -9,11 +11,17 @@ import numpy as np
 import pytest
 import torch
 
-from rlkit.llm import GPT, CharTokenizer, GPTConfig, Problem, RLConfig
+from rlkit.llm import GPT, CharTokenizer, GPTConfig, Problem, RLConfig, RLResult, sequence_advantages, train
+from rlkit.llm.advantages import Group
 from rlkit.llm.explore import (
     FACTS,
     RND,
+    DiversityBonus,
+    EntropyBonus,
     ExploreConfig,
+    ExploreResult,
+    ModelEval,
+    RNDBonus,
     RunningMeanStd,
     coverage_metrics,
     distinct_correct,
@@ -25,7 +33,10 @@ from rlkit.llm.explore import (
     sample_groups,
     train_explore,
 )
-from rlkit.llm.sampling import sample
+from rlkit.llm.samplers import Fresh
+from rlkit.llm.sampling import sample, token_logprobs
+from rlkit.llm.trainer import Hook, KLPenalty
+from rlkit.objectives import aggregate
 
 
 def brute_pass_at_k(flags, k):
@@ -225,9 +236,23 @@ def test_coverage_metrics_of_known_responses():
         facts_check("10=370", Problem("37*", ""))
 
 
+def _cfg(**kw):
+    return RLConfig(**{**dict(algo="grpo", steps=2, prompts_per_step=2, group_size=4, lr=1e-4), **kw})
+
+
+class Probe(Hook):
+    """Keeps every step after its advantages (the reward channels the hooks before it filled in)."""
+
+    def __init__(self):
+        self.steps = []
+
+    def on_advantages(self, run, step):
+        self.steps.append(step)
+
+
 def test_train_explore_runs_every_bonus_and_logs():
     model, tok = _tiny()
-    cfg = RLConfig(algo="grpo", steps=2, prompts_per_step=2, group_size=4, lr=1e-4)
+    cfg = _cfg()
     fmt = facts_format(tok)
     calls = []
 
@@ -239,19 +264,204 @@ def test_train_explore_runs_every_bonus_and_logs():
 
     ex = ExploreConfig(entropy_coef=0.01, diversity_coef=0.5, rnd_coef=0.3)
     res = train_explore(model, tok, FACTS, cfg, ex, logits_processor=fmt, eval_fn=ev, eval_every=1)
-    assert res.evals["step"] == [0, 1, 2] and len(calls) == 3
+    assert isinstance(res, ExploreResult) and isinstance(res, RLResult) and res.explore == ex
+    assert res.evals["step"] == [0, 1, 2] and len(calls) == 3 and res.config.eval_every == 1
+    assert all(isinstance(x, float) for x in res.evals["pass@1"])
     for k in ("reward", "bonus_div", "bonus_rnd", "rnd_raw", "entropy", "distinct_correct"):
         assert len(res.history[k]) == 2 and np.isfinite(res.array(k)).all(), k
     assert res.rnd is not None and res.rnd.rew_rms.count == 16
-    with pytest.raises(ValueError, match="kl_in='reward'"):
-        train_explore(model, tok, FACTS, cfg.replace(kl_coef=0.1), logits_processor=fmt)     # kl_in="loss"
+    assert "kl" not in res.history and "kl_seq" not in res.history      # no reference model runs without a KL term
     kl = train_explore(model, tok, FACTS, cfg.replace(kl_coef=0.1, kl_in="reward", kl_estimator="k1", steps=1),
                        logits_processor=fmt)
-    assert np.isfinite(kl.array("kl")).all() and np.isnan(res.array("kl")).all()
-    with pytest.raises(ValueError, match="cfg.algo"):
-        train_explore(model, tok, FACTS, cfg.replace(algo="ppo"), logits_processor=fmt)
+    assert np.isfinite(kl.array("kl")).all() and np.isfinite(kl.array("kl_seq")).all()
+    assert kl.config.kl_coef == 0.1 and kl.rnd is None and kl.evals["step"] == []
+    none = train_explore(model, tok, FACTS, cfg.replace(steps=1), logits_processor=fmt)
+    assert none.history["bonus_div"] == [0.0] and none.history["bonus_rnd"] == [0.0] == none.history["rnd_raw"]
+
+
+def test_train_explore_stops_on_the_callback_and_evaluates_there():
+    model, tok = _tiny()
+    seen = []
+
+    def cb(k, history):
+        seen.append((k, len(history["reward"])))
+        return k == 0
+
+    res = train_explore(model, tok, FACTS, _cfg(steps=5), logits_processor=facts_format(tok),
+                        eval_fn=lambda m: {"x": torch.tensor(1.0)}, eval_every=3, callback=cb)
+    assert seen == [(0, 1)] and res.evals["step"] == [0, 1] and res.evals["x"] == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("field, value", [("gamma", 0.9), ("lam", 0.5), ("value_lr", 1e-3), ("value_coef", 0.5),
+                                          ("value_target", "mc"), ("value_nstep", 2), ("value_lam", 0.5),
+                                          ("eval_problems", 16)])
+def test_train_explore_refuses_the_fields_it_does_not_read(field, value):
+    model, tok = _tiny()
+    with pytest.raises(ValueError, match=f"RLConfig.{field}"):
+        train_explore(model, tok, FACTS, _cfg(**{field: value}), logits_processor=facts_format(tok))
+
+
+def test_train_explore_refuses_eval_every_without_eval_fn_and_the_old_refusals():
+    model, tok = _tiny()
+    fmt = facts_format(tok)
+    with pytest.raises(ValueError, match="eval_every"):
+        train_explore(model, tok, FACTS, _cfg(), logits_processor=fmt, eval_every=1)
+    with pytest.raises(ValueError, match="eval_every"):
+        train_explore(model, tok, FACTS, _cfg(eval_every=1), logits_processor=fmt)
+    with pytest.raises(ValueError, match="kl_in='reward'"):
+        train_explore(model, tok, FACTS, _cfg(kl_coef=0.1), logits_processor=fmt)                   # kl_in="loss"
+    with pytest.raises(ValueError, match="kl_estimator='k1'"):
+        train_explore(model, tok, FACTS, _cfg(kl_coef=0.1, kl_in="reward"), logits_processor=fmt)   # k3
+    with pytest.raises(ValueError, match="token_rewards"):
+        train_explore(model, tok, FACTS, _cfg(token_rewards=True), logits_processor=fmt)
+    for kw in (dict(top_k=5), dict(top_p=0.9)):
+        with pytest.raises(ValueError, match="top_k and cfg.top_p"):
+            train_explore(model, tok, FACTS, _cfg(**kw), logits_processor=fmt)
+    for algo in ("ppo", "gspo"):
+        with pytest.raises(ValueError, match="cfg.algo"):
+            train_explore(model, tok, FACTS, _cfg(algo=algo), logits_processor=fmt)
     with pytest.raises(TypeError, match="explore"):
-        train_explore(model, tok, FACTS, cfg, explore={"rnd_coef": 1.0})
+        train_explore(model, tok, FACTS, _cfg(), explore={"rnd_coef": 1.0})
+    with pytest.raises(TypeError, match="eval_fn"):
+        train_explore(model, tok, FACTS, _cfg(), eval_fn=3)
+
+
+def test_train_explore_honours_log_kl_by_measuring_only():
+    # RLConfig.log_kl was ignored before rlkit 0.3; now True runs the reference (k1 in the reward, coef 0)
+    m1, tok = _tiny()
+    m2, _ = _tiny()
+    fmt = facts_format(tok)
+    a = train_explore(m1, tok, FACTS, _cfg(log_kl=True), logits_processor=fmt)
+    b = train_explore(m2, tok, FACTS, _cfg(), logits_processor=fmt)
+    assert np.isfinite(a.array("kl")).all() and np.isfinite(a.array("kl_seq")).all() and "kl" not in b.history
+    for p, q in zip(m1.parameters(), m2.parameters()):
+        assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.8])
+def test_train_explore_is_train_with_the_four_hooks_bit_for_bit(temperature):
+    # at a temperature other than 1, rlkit 0.2's loop recomputed log pi_old under the grammar: Fresh(recompute=True)
+    m1, tok = _tiny()
+    m2, _ = _tiny()
+    fmt = facts_format(tok)
+    cfg = _cfg(algo="dr_grpo", lr=1e-3, seed=2, temperature=temperature)
+    ex = ExploreConfig(entropy_coef=0.01, diversity_coef=0.5, diversity_all=True, rnd_coef=0.3, rnd_steps=2)
+    a = train_explore(m1, tok, FACTS, cfg.replace(kl_coef=0.1, kl_in="reward", kl_estimator="k1"), ex,
+                      logits_processor=fmt)
+    b = train(m2, tok, FACTS, cfg, logits_processor=fmt, evaluation=False, sampler=Fresh(recompute=temperature != 1.0),
+              hooks=[KLPenalty(0.1, "k1", where="reward", processed=True), DiversityBonus(0.5, all=True),
+                     RNDBonus(0.3, steps=2), EntropyBonus(0.01)])
+    for p, q in zip(m1.parameters(), m2.parameters()):
+        assert torch.equal(p, q)
+    assert a.history.keys() == b.history.keys()
+    for k in a.history:
+        if k != "train_seconds":
+            assert a.history[k] == b.history[k], k
+    assert b.evals["step"] == []
+
+
+def test_group_adds_the_bonuses_after_the_penalties_in_list_order():
+    torch.manual_seed(0)
+    N, T, G = 8, 5, 4
+    r = torch.rand(N)
+    x = torch.randn(N, T)
+    d1, d2 = torch.rand(N), torch.rand(N)
+
+    class S:
+        rewards, token_rewards, penalties, bonuses = r, None, [(0.3, x)], [(0.7, d1), (0.1, d2)]
+        batch = type("B", (), {"rollout": type("R", (), {"mask": torch.ones(N, T)})()})()
+
+    class R:
+        cfg = RLConfig(algo="dr_grpo", group_size=G, prompts_per_step=2)
+
+    want = sequence_advantages(((r - 0.3 * x.sum(-1)) + 0.7 * d1) + 0.1 * d2, "dr_grpo", G)
+    assert torch.equal(Group("dr_grpo")(R(), S())[:, 0], want)
+
+
+def test_diversity_bonus_adds_its_bonus_and_logs_the_distinct_answers():
+    model, tok = _tiny()
+    probe = Probe()
+    res = train(model, tok, FACTS, _cfg(steps=1, group_size=8), logits_processor=facts_format(tok), evaluation=False,
+                hooks=[DiversityBonus(2.0, all=True), probe])
+    step = probe.steps[0]
+    b = step.batch
+    want = group_diversity_bonus(b.responses, b.rewards > 0.5, 8, only_correct=False)
+    assert len(step.bonuses) == 1 and step.bonuses[0][0] == 2.0 and torch.equal(step.bonuses[0][1], want)
+    assert res.history["bonus_div"] == [float(want.mean())]
+    assert res.history["distinct_correct"] == [float(distinct_correct(b.responses, b.rewards > 0.5, 8).mean())]
+    off = Probe()
+    res0 = train(model, tok, FACTS, _cfg(steps=1), logits_processor=facts_format(tok), evaluation=False,
+                 hooks=[DiversityBonus(0.0), off])
+    assert off.steps[0].bonuses == [] and res0.history["bonus_div"] == [0.0]
+    with pytest.raises(ValueError, match="coef"):
+        DiversityBonus(-1.0)
+
+
+def test_rnd_bonus_pays_the_error_before_the_predictor_fits_the_batch():
+    m1, tok = _tiny()
+    fmt = facts_format(tok)
+    probe = Probe()
+    res = train(m1, tok, FACTS, _cfg(steps=1, seed=4), logits_processor=fmt, evaluation=False,
+                hooks=[RNDBonus(0.5, lr=1e-2, steps=3, out=8, width=16, normalize=False), probe])
+    step = probe.steps[0]
+    enc, _ = _tiny()                                  # the encoder is a copy of the model before training
+    fresh = RND(enc, out_dim=8, width=16, lr=1e-2, seed=4)
+    raw_before, _ = fresh.bonus(step.rollout, normalize=False)
+    coef, bonus = step.bonuses[0]
+    assert coef == 0.5 and torch.equal(bonus, raw_before)              # normalize=False: the raw error
+    assert res.history["rnd_raw"] == [float(raw_before.mean())] == res.history["bonus_rnd"]
+    for _ in range(3):                                                  # then `steps` Adam steps on the batch
+        fresh.fit(step.rollout)
+    for p, q in zip(fresh.predictor.parameters(), res.rnd.predictor.parameters()):
+        assert torch.equal(p, q)
+    assert all(not p.requires_grad for p in res.rnd.encoder.parameters())
+    assert res.rnd.encoder is not m1
+    off = train(m1, tok, FACTS, _cfg(steps=1), logits_processor=fmt, evaluation=False, hooks=[RNDBonus(0.0)])
+    assert off.rnd is None and off.history["rnd_raw"] == [0.0]
+
+
+def test_entropy_bonus_is_minus_alpha_times_the_aggregated_entropy():
+    torch.manual_seed(0)
+    ent, mask = torch.rand(4, 6), (torch.rand(4, 6) > 0.3).float()
+
+    class S:
+        pass
+
+    class R:
+        cfg = RLConfig(algo="dr_grpo").resolved()
+
+    step = S()
+    step.mask = mask
+    rows = torch.arange(4)
+    term = EntropyBonus(0.05).loss(R(), step, rows, None, ent)
+    assert torch.equal(term, -(0.05 * aggregate(ent, mask, R.cfg.aggregation)))
+    assert EntropyBonus(0.0).loss(R(), step, rows, None, ent) is None
+
+
+def test_kl_penalty_scores_the_reference_through_the_grammar_when_processed():
+    # before the first update the reference is the policy: through the grammar their KL is 0 (up to the
+    # sampler's rounding); without it the KL counts the mass the grammar removes from the reference
+    model, tok = _tiny()
+    fmt = facts_format(tok)
+    runs = {}
+    for processed in (True, False):
+        m, _ = _tiny()
+        probe = Probe()
+        runs[processed] = train(m, tok, FACTS, _cfg(steps=1), logits_processor=fmt, evaluation=False,
+                                hooks=[KLPenalty(0.0, "k1", where="reward", processed=processed), probe])
+        ro = probe.steps[0].rollout
+        ref = token_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.mask,
+                             logits_processor=fmt if processed else None)
+        assert torch.equal(probe.steps[0].data["logp_ref"], ref)
+    assert abs(runs[True].history["kl_seq"][0]) < 1e-4 and runs[False].history["kl_seq"][0] > 0.1
+
+
+def test_model_eval_stores_floats():
+    model, tok = _tiny()
+    res = train(model, tok, FACTS, _cfg(steps=2, eval_every=1), logits_processor=facts_format(tok),
+                evaluation=ModelEval(lambda m: {"n": torch.tensor(2), "p": np.float32(0.5)}))
+    assert res.evals["step"] == [0, 1, 2] and res.evals["n"] == [2.0] * 3 and res.evals["p"] == [0.5] * 3
+    assert all(type(x) is float for x in res.evals["n"])
 
 
 def test_plain_config_matches_no_bonus_bit_for_bit():

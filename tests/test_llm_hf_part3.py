@@ -64,15 +64,22 @@ def test_dro_trainer():
     assert moved(before, lm) and len(res.group_weights) == 2
 
 
-def test_explore_trainer_with_rnd_on_a_frozen_encoder():
-    from rlkit.llm.explore import FACTS, ExploreConfig, facts_format, train_explore
+def test_explore_bonuses_with_rnd_on_a_frozen_encoder():
+    from rlkit.llm import train
+    from rlkit.llm.explore import FACTS, DiversityBonus, EntropyBonus, RNDBonus, facts_format
+    from rlkit.llm.trainer import KLPenalty
 
     lm, tok = hf_model()
     before = snapshot(lm)
     cfg = RLConfig(algo="grpo", steps=2, prompts_per_step=2, group_size=4)
-    res = train_explore(lm, tok, FACTS, cfg, ExploreConfig(entropy_coef=0.01, diversity_coef=0.5),
-                        logits_processor=facts_format(tok))
-    assert moved(before, lm) and all(math.isfinite(x) for x in res.history["reward"])
+    res = train(lm, tok, FACTS, cfg, logits_processor=facts_format(tok), evaluation=False,
+                hooks=[KLPenalty(0.1, "k1", where="reward", processed=True), DiversityBonus(0.5), RNDBonus(0.3),
+                       EntropyBonus(0.01)])
+    assert moved(before, lm)
+    assert all(math.isfinite(x) for k in ("reward", "rnd_raw", "kl", "kl_seq") for x in res.history[k])
+    # RND's width comes from the HF encoder's hidden states (HFCausalLM's config has no n_embd)
+    assert res.rnd.target[0].in_features == lm.hf.config.n_embd and res.rnd.rew_rms.count == 16
+    assert res.rnd.encoder is not lm and all(not p.requires_grad for p in res.rnd.encoder.parameters())
 
 
 def test_multiturn_trainer():

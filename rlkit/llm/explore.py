@@ -15,20 +15,20 @@ answers among :math:`k` samples: with :math:`n_a` copies of correct answer :math
 :math:`\widehat D_k = \sum_a \big[1-\binom{n-n_a}{k}/\binom{n}{k}\big]` (:func:`distinct_correct`),
 unbiased for :math:`\sum_a [1-(1-p_a)^k]` by linearity.
 
-**Bonuses** (intrinsic rewards :math:`r^{\rm int}_i`, one per response, added to the checker's
-reward as :math:`r_i + \beta\,\tilde r^{\rm int}_i` before the group advantages):
+**Bonuses**, hooks of :func:`rlkit.llm.train` (:class:`rlkit.llm.trainer.Hook`). Two are intrinsic
+rewards, one per response, added to the checker's reward as :math:`r_i + \beta\,\tilde r^{\rm int}_i`
+before the group advantages (after a KL penalty in the reward, :class:`rlkit.llm.trainer.KLPenalty`):
 
-* :func:`group_diversity_bonus`: :math:`d_i = c_i\,\big(1-\frac{n_i-1}{m-1}\big)`, with :math:`n_i`
-  the copies of response :math:`i` in its group of :math:`m` and :math:`c_i` its correctness: a
-  correct answer nobody else in the group gave earns 1, one everybody gave earns 0;
-* :class:`RND`: random network distillation on the hidden states of a *frozen* encoder,
-  :math:`r^{\rm int} = \tfrac12\lVert f_\phi(\bar z) - f_{\rm fix}(\bar z)\rVert^2`, with running
-  normalisation of its inputs and of the reward (:class:`RunningMeanStd`);
-* an entropy bonus in the loss, :math:`-\alpha\,\mathrm{agg}(H_t)` (:class:`ExploreConfig`).
+* :class:`DiversityBonus` (:func:`group_diversity_bonus`): :math:`d_i = c_i\,\big(1-\frac{n_i-1}{m-1}\big)`,
+  with :math:`n_i` the copies of response :math:`i` in its group of :math:`m` and :math:`c_i` its
+  correctness: a correct answer nobody else in the group gave earns 1, one everybody gave earns 0;
+* :class:`RNDBonus` (:class:`RND`): random network distillation on the hidden states of a *frozen*
+  encoder, :math:`r^{\rm int} = \tfrac12\lVert f_\phi(\bar z) - f_{\rm fix}(\bar z)\rVert^2`, with
+  running normalisation of its inputs and of the reward (:class:`RunningMeanStd`);
+* :class:`EntropyBonus`, a term of the loss, :math:`-\alpha\,\mathrm{agg}(H_t)`.
 
-:func:`train_explore` is :func:`rlkit.llm.train`'s sequence-level loop (it reuses
-:func:`~rlkit.llm.collect`, :func:`~rlkit.llm.sequence_advantages` and
-:func:`~rlkit.llm.policy_loss`) with these bonuses added. :data:`FACTS` is a sparse task with many
+:func:`train_explore` (kept for one release) is :func:`rlkit.llm.train` with these hooks, built
+from an :class:`ExploreConfig`. :data:`FACTS` is a sparse task with many
 valid answers: ``"37*"`` asks for any true fact ``"b=c"`` with ``c = 37 b``;
 :func:`facts_format` is the decoding grammar that makes the pretrained model write one.
 """
@@ -36,25 +36,25 @@ from __future__ import annotations
 
 import copy
 import random
-import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.nn as nn
 
 from .. import _validate as V
 from ..objectives import aggregate
-from ..utils import clip_grad
 from .evaluation import encode_prompts
-from .rl import RLConfig, collect, policy_loss, sequence_advantages
+from .rl import RLConfig, check_train_args, refuse_unread
+from .samplers import Fresh
 from .sampling import Rollout, call_model, sample, token_logprobs
 from .tasks import Problem, Task
 from .tokenizer import CharTokenizer
+from .trainer import Hook, KLPenalty, RLResult, train
 
 __all__ = ["pass_at_k", "distinct_correct", "group_diversity_bonus", "RunningMeanStd", "RND",
+           "DiversityBonus", "RNDBonus", "EntropyBonus", "ModelEval",
            "ExploreConfig", "ExploreResult", "train_explore", "sample_groups", "coverage_metrics",
            "facts_check", "facts_format", "facts_exact", "FACTS"]
 
@@ -241,6 +241,14 @@ class RunningMeanStd:
 
 # ------------------------------------------------------------------------------------------ RND
 
+@torch.no_grad()
+def _hidden_width(encoder: nn.Module) -> int:
+    encoder.eval()
+    p = next(encoder.parameters())
+    _, h = encoder(torch.zeros(1, 1, dtype=torch.long, device=p.device), return_hidden=True)
+    return int(h.shape[-1])
+
+
 def _mlp(d_in: int, width: int, d_out: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(d_in, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
                          nn.Linear(width, d_out))
@@ -267,7 +275,8 @@ class RND(nn.Module):
 
     Args:
         encoder: a model with ``return_hidden=True`` (e.g. a frozen copy of the base GPT).
-        hidden_size: the encoder's hidden width (default ``encoder.config.n_embd``).
+        hidden_size: the encoder's hidden width (default ``encoder.config.n_embd``, else the width
+            of the hidden states of a one-token forward pass, e.g. for an :class:`rlkit.llm.hf.HFCausalLM`).
         out_dim, width: the two networks' output and hidden widths. lr: Adam's for the predictor.
         seed: initialises both networks.
 
@@ -279,7 +288,8 @@ class RND(nn.Module):
         super().__init__()
         if hidden_size is None:
             hidden_size = getattr(getattr(encoder, "config", None), "n_embd", None)
-            V.given(hidden_size, "hidden_size", "the encoder has no config.n_embd")
+            if hidden_size is None:
+                hidden_size = _hidden_width(encoder)
         d = V.int_in(hidden_size, "hidden_size")
         self.encoder = encoder
         for p in encoder.parameters():
@@ -348,19 +358,156 @@ class RND(nn.Module):
         return float(loss.detach())
 
 
-# ------------------------------------------------------------------------------------- trainer
+# ------------------------------------------------------------------------------- the hooks
+
+class DiversityBonus(Hook):
+    r"""The within-group diversity bonus, a reward channel of :func:`rlkit.llm.train` (chapter 22).
+
+    For response :math:`i` of a group of :math:`m`, with :math:`n_i` the copies of it in the group
+    (itself included) and :math:`c_i` its correctness (the checker's reward :math:`> 1/2`; 1 for
+    every response with ``all=True``),
+
+    .. math::  d_i = c_i\Big(1-\frac{n_i-1}{m-1}\Big),\qquad r_i \leftarrow r_i + \beta_d\, d_i
+
+    (:func:`group_diversity_bonus`): a correct answer nobody else in the group gave earns
+    :math:`\beta_d`, one that all :math:`m` gave earns nothing, and the gate :math:`c_i` keeps the
+    bonus from paying for unusual junk. The bonus goes to ``step.bonuses``, so the advantage
+    estimator adds it to the reward after the penalties (a KL in the reward) and before the group
+    advantages, in hook order with the other bonuses. It acts only in groups that hold two
+    different correct answers.
+
+    Logged: ``bonus_div``, the batch mean of :math:`d_i` before :math:`\beta_d` (0 with ``coef=0``,
+    which neither computes nor adds it), and ``distinct_correct``, the mean over the batch's groups
+    of the number of different correct responses (:func:`distinct_correct`, correct = reward > 1/2).
+
+    Args:
+        coef: :math:`\beta_d \ge 0`.
+        all: pay for every distinct response, correct or not (``only_correct=False``).
+    """
+
+    def __init__(self, coef: float = 0.0, all: bool = False):
+        self.coef = V.real_in(coef, "coef", 0.0)
+        self.all = V.instance_of(all, "all", bool)
+
+    @torch.no_grad()
+    def on_batch(self, run, step) -> None:
+        b, G = step.batch, run.cfg.group_size
+        correct = (b.rewards > 0.5).cpu()
+        div = torch.zeros(len(b.responses), device=run.device)
+        if self.coef > 0:
+            div = group_diversity_bonus(b.responses, correct, G, only_correct=not self.all).to(run.device)
+            step.bonuses.append((self.coef, div))
+        run.log(bonus_div=div.mean().item(), distinct_correct=float(distinct_correct(b.responses, correct, G).mean()))
+
+
+class RNDBonus(Hook):
+    r"""Random network distillation's novelty bonus, a reward channel of :func:`rlkit.llm.train` (chapter 22).
+
+    A response's feature :math:`\bar z` is the mean final hidden state of a *frozen* ``encoder`` over
+    its tokens, standardised by a running mean and std and clipped to :math:`\pm5`; a fixed random
+    network :math:`f_{\rm fix}` and a trained predictor :math:`f_\phi` (:class:`RND`) give
+
+    .. math::  r^{\rm int} = \tfrac12\lVert f_\phi(\bar z) - f_{\rm fix}(\bar z)\rVert^2,\qquad
+               \tilde r^{\rm int}_i = \frac{r^{\rm int}_i}{\sqrt{\sigma^2_{\le s}+10^{-8}}},\qquad
+               r_i \leftarrow r_i + \beta_{\rm rnd}\,\tilde r^{\rm int}_i,
+
+    :math:`\sigma^2_{\le s}` the running variance of every raw error up to this update
+    (``normalize=True``; the raw error otherwise). Each update, after sampling: the bonus of the
+    batch (:meth:`RND.bonus`, which updates the running statistics) goes to ``step.bonuses``
+    (added after the penalties, in hook order with the other bonuses), then the predictor takes
+    ``steps`` Adam steps on the same batch (:meth:`RND.fit`), so a response is paid for its error
+    *before* the predictor has seen it. The encoder must be frozen: the policy's own hidden states
+    drift as it trains, which makes old states look new again.
+
+    Logged: ``bonus_rnd`` (batch mean of :math:`\tilde r^{\rm int}` before :math:`\beta_{\rm rnd}`)
+    and ``rnd_raw`` (batch mean of :math:`r^{\rm int}`); both 0 with ``coef=0``, which builds no RND.
+    Result: ``rnd``, the :class:`RND` module (None with ``coef=0``).
+
+    Args:
+        coef: :math:`\beta_{\rm rnd} \ge 0`.
+        lr: the predictor's Adam learning rate. steps: predictor updates per batch.
+        out, width: the two networks' output and hidden widths (seeded ``RLConfig.seed``).
+        normalize: divide by the running std of the raw errors.
+        encoder: the frozen encoder (default: a copy of the model when training starts).
+    """
+
+    def __init__(self, coef: float = 0.0, lr: float = 1e-3, steps: int = 1, out: int = 32, width: int = 64,
+                 normalize: bool = True, encoder: nn.Module | None = None):
+        self.coef = V.real_in(coef, "coef", 0.0)
+        self.lr = V.real_in(lr, "lr", 0.0, lo_open=True)
+        self.steps = V.int_in(steps, "steps")
+        self.out = V.int_in(out, "out")
+        self.width = V.int_in(width, "width")
+        self.normalize = V.instance_of(normalize, "normalize", bool)
+        self.encoder = None if encoder is None else V.instance_of(encoder, "encoder", nn.Module)
+        self.rnd = None
+
+    def setup(self, run) -> None:
+        if self.coef > 0:
+            encoder = copy.deepcopy(run.model) if self.encoder is None else self.encoder
+            self.rnd = RND(encoder, out_dim=self.out, width=self.width, lr=self.lr, seed=run.cfg.seed).to(run.device)
+
+    def on_batch(self, run, step) -> None:
+        if self.rnd is None:
+            run.log(bonus_rnd=0.0, rnd_raw=0.0)
+            return
+        bonus, raw = self.rnd.bonus(step.rollout, normalize=self.normalize)
+        step.bonuses.append((self.coef, bonus))
+        self.rnd.fit(step.rollout, self.steps)
+        run.log(bonus_rnd=bonus.mean().item(), rnd_raw=raw.mean().item())
+
+    def result(self, run) -> dict:
+        return {"rnd": self.rnd}
+
+
+class EntropyBonus(Hook):
+    r"""An entropy bonus, a loss term of :func:`rlkit.llm.train` (chapter 22): :math:`-\alpha\,\mathrm{agg}(H_t)`.
+
+    :math:`H_t` is the entropy of the policy's next-token distribution at each trained response
+    token, the one the loop computes with the log-probs (at the training temperature, through the
+    ``logits_processor``), aggregated as the policy loss is (``RLConfig.aggregation``). Maximising
+    :math:`\mathbb E_\pi[r] + \alpha H(\pi)` has the optimum :math:`\pi^\star(y) \propto e^{r(y)/\alpha}`,
+    uniform over the correct answers as :math:`\alpha \to 0`; but the token bonus pays for entropy
+    in *every* token, the answer's digits as much as the choice between answers. The loop logs the
+    entropy (``entropy``) with or without the bonus.
+
+    Args:
+        coef: :math:`\alpha \ge 0` (0 adds nothing).
+    """
+
+    def __init__(self, coef: float = 0.0):
+        self.coef = V.real_in(coef, "coef", 0.0)
+
+    def loss(self, run, step, rows, logp, entropy):
+        if self.coef > 0:
+            return -(self.coef * aggregate(entropy, step.mask[rows], run.cfg.aggregation))
+        return None
+
+
+class ModelEval:
+    """A held-out evaluation for :func:`rlkit.llm.train`'s ``evaluation=`` from ``fn(model) -> dict of numbers``.
+
+    Called before training, every ``RLConfig.eval_every`` updates and after the last; the values
+    are stored as floats in ``RLResult.evals`` (with ``step`` and ``train_seconds``).
+    """
+
+    def __init__(self, fn: Callable):
+        self.fn = V.is_callable(fn, "eval_fn")
+
+    def __call__(self, run) -> dict:
+        return {k: float(v) for k, v in self.fn(run.model).items()}
+
+
+# ------------------------------------------------------------------------------ the old trainer
 
 @dataclass(frozen=True)
 class ExploreConfig(V.ValidatedConfig):
     r"""The exploration bonuses of :func:`train_explore` (all off by default: plain RL).
 
-    * ``entropy_coef`` :math:`\alpha \ge 0`: the loss gets :math:`-\alpha\,\mathrm{agg}(H_t)`,
-      the per-token entropy of the policy aggregated as the policy loss is;
-    * ``diversity_coef`` :math:`\beta_d \ge 0`: the reward gets :math:`\beta_d\, d_i`
-      (:func:`group_diversity_bonus`, gated by correctness unless ``diversity_all``);
-    * ``rnd_coef`` :math:`\beta_{\rm rnd} \ge 0`: the reward gets :math:`\beta_{\rm rnd}\,\tilde r^{\rm int}_i`,
-      RND's bonus, divided by its running std when ``normalize`` (the default); ``rnd_lr``,
-      ``rnd_steps`` (predictor updates per batch), ``rnd_out``, ``rnd_width``.
+    ``entropy_coef`` is :class:`EntropyBonus`'s :math:`\alpha`; ``diversity_coef`` and
+    ``diversity_all`` are :class:`DiversityBonus`'s ``coef`` and ``all``; ``rnd_coef``,
+    ``normalize``, ``rnd_lr``, ``rnd_steps``, ``rnd_out``, ``rnd_width`` are :class:`RNDBonus`'s
+    ``coef``, ``normalize``, ``lr``, ``steps``, ``out``, ``width``.
 
     Chapter: 22_exploration_diversity.
     """
@@ -377,182 +524,89 @@ class ExploreConfig(V.ValidatedConfig):
 
 
 @dataclass
-class ExploreResult:
-    """What :func:`train_explore` returns: the model, the per-step log, the evaluations, the RND module.
+class ExploreResult(RLResult):
+    """What :func:`train_explore` returns: an :class:`rlkit.llm.RLResult` with the bonuses' settings.
 
-    Chapter: 22_exploration_diversity.
+    ``rnd`` (an extra) is :class:`RNDBonus`'s RND module, None without RND. Chapter: 22_exploration_diversity.
     """
 
-    model: nn.Module
-    history: dict
-    evals: dict
-    config: RLConfig
-    explore: ExploreConfig
-    rnd: RND | None = None
-
-    def array(self, key: str) -> np.ndarray:
-        """``history[key]`` or ``evals[key]`` as a float array."""
-        src = self.history if key in self.history else self.evals
-        return np.asarray(src[key], dtype=float)
+    explore: ExploreConfig | None = None
 
 
-def train_explore(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig | None = None,
-                  explore: ExploreConfig | None = None, *, encoder: nn.Module | None = None,
-                  logits_processor=None, eval_fn: Callable | None = None, eval_every: int | None = None,
-                  callback: Callable | None = None) -> ExploreResult:
-    r"""Sequence-level RL (``reinforce``, ``rloo``, ``grpo``, ``dr_grpo``, ``dapo``) with exploration bonuses.
+_EXPLORE_UNREAD = {name: "PPO's critic; train_explore has none" for name in
+                   ("gamma", "lam", "value_lr", "value_coef", "value_target", "value_nstep", "value_lam")}
+_EXPLORE_UNREAD["eval_problems"] = "its evaluation is eval_fn"
 
-    Each step: :func:`~rlkit.llm.collect` a batch; the reward of response :math:`i` becomes
 
-    .. math::  r_i + \beta_d\,d_i + \beta_{\rm rnd}\,\tilde r^{\rm int}_i
-
-    (:class:`ExploreConfig`), from which :func:`~rlkit.llm.sequence_advantages` forms the group
-    advantages (minus :math:`\beta\sum_t\log\frac{\pi_{\rm old}}{\pi_{\rm ref}}(y_{i,t})` when
-    ``cfg.kl_coef`` :math:`\beta>0`, the k1 KL in the reward, with the reference = ``model`` before
-    training and the same ``logits_processor``); then ``cfg.epochs`` passes of :func:`~rlkit.llm.policy_loss` over
-    ``cfg.minibatches`` minibatches, minus :math:`\alpha\,\mathrm{agg}(H_t)`. RND's predictor is
-    fitted on the batch *after* its bonus is computed. A KL term must be ``kl_in="reward"`` with
-    ``kl_estimator="k1"``, and ``cfg`` must not use top-k/top-p.
-
-    Args:
-        model: the policy (updated in place). tok, task, cfg: as for :func:`rlkit.llm.train`.
-        explore: the bonuses (default: none).
-        encoder: RND's frozen encoder (default: a frozen copy of ``model`` before training).
-        logits_processor: a decoding grammar or shield, part of the policy (sampling and
-            log-probs, as in :func:`rlkit.llm.train`).
-        eval_fn: ``eval_fn(model) -> dict of floats``, run before training, every ``eval_every``
-            updates and after the last; its values are stored in ``evals`` (with ``"step"``).
-        callback: ``callback(step, history) -> bool``; True stops training.
-
-    Returns:
-        an :class:`ExploreResult`. ``history`` per step: ``reward`` (the checker's), ``kl`` (mean
-        sequence k1, NaN without a KL term), ``bonus_div``,
-        ``bonus_rnd`` (as added, before :math:`\beta`), ``rnd_raw`` (mean raw RND error),
-        ``entropy``, ``zero_var_share`` (groups with equal checker rewards), ``distinct_correct``
-        (mean over the batch's groups), ``loss``, ``train_seconds``.
-
-    Chapter: 22_exploration_diversity.
-    """
+def _check_explore_args(tok, task, cfg, explore, eval_fn, eval_every) -> tuple[RLConfig, ExploreConfig]:
+    """``(cfg resolved, with eval_every applied; explore)``, refusing every setting train_explore does not read."""
     cfg = RLConfig() if cfg is None else V.instance_of(cfg, "cfg", RLConfig)
     explore = ExploreConfig() if explore is None else V.instance_of(explore, "explore", ExploreConfig)
-    V.instance_of(task, "task", Task, "rlkit.llm.tasks.Task")
-    V.instance_of(tok, "tok", CharTokenizer)
-    cfg = cfg.resolved()
+    unread = dict(_EXPLORE_UNREAD)
+    if eval_fn is None:
+        unread["eval_every"] = "it sets how often eval_fn runs, and no eval_fn was given"
+        if eval_every is not None:
+            raise ValueError("train_explore: eval_every sets how often eval_fn runs, and no eval_fn was given")
+    refuse_unread(cfg, "train_explore", unread)
+    cfg = check_train_args(tok, task, cfg)
     V.choice(cfg.algo, "cfg.algo", ("reinforce", "rloo", "grpo", "dr_grpo", "dapo"))
     if cfg.token_rewards or (cfg.kl_coef > 0 and (cfg.kl_in != "reward" or cfg.kl_estimator != "k1")):
         raise ValueError("train_explore: cfg.token_rewards must be False, and a KL term (cfg.kl_coef > 0) must be "
                          "kl_in='reward' with kl_estimator='k1' (use rlkit.llm.train for the other forms)")
     if cfg.top_k is not None or cfg.top_p is not None:
         raise ValueError("train_explore: cfg.top_k and cfg.top_p must be None (the sampled distribution is the policy)")
-    if cfg.checker not in task.checkers:
-        raise ValueError(f"RLConfig.checker {cfg.checker!r} is not one of the task's checkers {list(task.checkers)}")
-    if logits_processor is not None:
-        V.is_callable(logits_processor, "logits_processor")
-    if eval_fn is not None:
-        V.is_callable(eval_fn, "eval_fn")
-    every = cfg.eval_every if eval_every is None else V.int_in(eval_every, "eval_every")
-    G = cfg.group_size
-    params = list(model.parameters())
-    dev = params[0].device
-    rng = random.Random(cfg.seed)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    opt = torch.optim.Adam(params, lr=cfg.lr)
-    ref_model = None
-    if cfg.kl_coef > 0:
-        ref_model = copy.deepcopy(model).eval()
-        for p in ref_model.parameters():
-            p.requires_grad_(False)
-    rnd = None
-    if explore.rnd_coef > 0:
-        if encoder is None:
-            encoder = copy.deepcopy(model)
-        rnd = RND(encoder, out_dim=explore.rnd_out, width=explore.rnd_width, lr=explore.rnd_lr, seed=cfg.seed).to(dev)
-    keys = ("reward", "kl", "bonus_div", "bonus_rnd", "rnd_raw", "entropy", "zero_var_share", "distinct_correct",
-            "loss", "train_seconds")
-    hist = {k: [] for k in keys}
-    evals: dict = {"step": []}
-    train_time = 0.0
+    if eval_every is not None:
+        cfg = cfg.replace(eval_every=V.int_in(eval_every, "eval_every"))
+    return cfg, explore
 
-    def run_eval(step):
-        if eval_fn is None:
-            return
-        out = eval_fn(model)
-        evals["step"].append(step)
-        for k, v in out.items():
-            evals.setdefault(k, []).append(float(v))
 
-    run_eval(0)
-    for step in range(cfg.steps):
-        t0 = time.perf_counter()
-        model.eval()
-        batch = collect(model, tok, task, cfg, rng, gen, dev, logits_processor=logits_processor)
-        ro, mask = batch.rollout, batch.rollout.mask
-        with torch.no_grad():
-            if cfg.temperature == 1.0:                   # log pi_old of the sampled tokens, as sampled
-                old = ro.model_logprobs if logits_processor is None else ro.logprobs
-            else:
-                old = token_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.response_ids, mask,
-                                     temperature=cfg.temperature, logits_processor=logits_processor)
-        rewards = batch.rewards.to(dev).float()
-        correct = batch.rewards > 0.5
-        total = rewards.clone()
-        kl_seq = torch.zeros_like(total)
-        if ref_model is not None:                     # k1 in the reward: r_i - beta * sum_t log(pi / pi_ref)
-            with torch.no_grad():
-                ref = token_logprobs(ref_model, ro.prompt_ids, ro.prompt_mask, ro.response_ids, mask,
-                                     temperature=cfg.temperature, logits_processor=logits_processor)
-            kl_seq = ((old - ref) * mask).sum(-1)
-            total = total - cfg.kl_coef * kl_seq
-        div = torch.zeros_like(total)
-        if explore.diversity_coef > 0:
-            div = group_diversity_bonus(batch.responses, correct, G, only_correct=not explore.diversity_all).to(dev)
-            total = total + explore.diversity_coef * div
-        b_rnd = raw = torch.zeros_like(total)
-        if rnd is not None:
-            b_rnd, raw = rnd.bonus(ro, normalize=explore.normalize)
-            total = total + explore.rnd_coef * b_rnd
-            rnd.fit(ro, explore.rnd_steps)
-        adv = sequence_advantages(total, cfg.algo, G)
-        adv_tok = adv[:, None].expand_as(mask) * mask
-        model.train()
-        n_groups = mask.shape[0] // G
-        losses, ents = [], []
-        for _ in range(cfg.epochs):
-            order = torch.randperm(n_groups, generator=gen)
-            for chunk in order.chunk(min(cfg.minibatches, max(1, n_groups))):
-                rows = (chunk[:, None] * G + torch.arange(G)).flatten().to(dev)
-                m = mask[rows]
-                logp, ent = token_logprobs(model, ro.prompt_ids[rows], ro.prompt_mask[rows], ro.response_ids[rows],
-                                           m, temperature=cfg.temperature, with_entropy=True,
-                                           logits_processor=logits_processor)
-                loss, _ = policy_loss(cfg, logp, old[rows], adv_tok[rows], m)
-                if explore.entropy_coef > 0:
-                    loss = loss - explore.entropy_coef * aggregate(ent, m, cfg.aggregation)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                clip_grad(params, cfg.grad_clip)
-                opt.step()
-                losses.append(loss.item())
-                ents.append((ent.detach() * m).sum().item() / max(1.0, m.sum().item()))
-        train_time += time.perf_counter() - t0
-        model.eval()
-        hist["reward"].append(batch.rewards.mean().item())
-        hist["kl"].append(kl_seq.mean().item() if ref_model is not None else float("nan"))
-        hist["bonus_div"].append(div.mean().item())
-        hist["bonus_rnd"].append(b_rnd.mean().item())
-        hist["rnd_raw"].append(raw.mean().item())
-        hist["entropy"].append(float(np.mean(ents)) if ents else float("nan"))
-        hist["zero_var_share"].append(batch.zero_var_share)
-        hist["distinct_correct"].append(float(distinct_correct(batch.responses, correct, G).mean()))
-        hist["loss"].append(float(np.mean(losses)) if losses else float("nan"))
-        hist["train_seconds"].append(train_time)
-        if (step + 1) % every == 0 or step == cfg.steps - 1:
-            run_eval(step + 1)
-        if callback is not None and callback(step, hist):
-            if evals["step"] and evals["step"][-1] != step + 1:
-                run_eval(step + 1)
-            break
-    return ExploreResult(model=model, history=hist, evals=evals, config=cfg, explore=explore, rnd=rnd)
+def train_explore(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig | None = None,
+                  explore: ExploreConfig | None = None, *, encoder: nn.Module | None = None,
+                  logits_processor=None, eval_fn: Callable | None = None, eval_every: int | None = None,
+                  callback: Callable | None = None) -> ExploreResult:
+    r"""Sequence-level RL with exploration bonuses: :func:`rlkit.llm.train` with chapter 22's hooks.
+
+    Kept for one release; new code calls ``train(model, tok, task, cfg, hooks=[KLPenalty(beta, "k1",
+    where="reward", processed=True), DiversityBonus(...), RNDBonus(...), EntropyBonus(...)])``, which
+    is what this does, with ``cfg``'s KL (``kl_coef``, or ``log_kl=True`` to measure only) as the
+    :class:`~rlkit.llm.trainer.KLPenalty` (k1 in the reward, the reference scored through
+    ``logits_processor``) and ``explore``'s settings as the bonuses (:class:`ExploreConfig`). At a
+    temperature other than 1 it recomputes :math:`\log\pi_{old}` under the processor
+    (``Fresh(recompute=True)``), as rlkit 0.2's loop did.
+    ``algo`` is one of ``reinforce``, ``rloo``, ``grpo``, ``dr_grpo``, ``dapo``; a KL term must be
+    ``kl_in="reward"`` with ``kl_estimator="k1"``; ``cfg`` must not use top-k/top-p, token rewards,
+    PPO's critic fields or ``eval_problems``, nor ``eval_every`` without ``eval_fn``.
+
+    Args:
+        model: the policy (updated in place). tok, task, cfg: as for :func:`rlkit.llm.train`.
+        explore: the bonuses (default: none).
+        encoder: RND's frozen encoder (default: a frozen copy of ``model`` before training).
+        logits_processor: a decoding grammar or shield, part of the policy and of the reference.
+        eval_fn: ``eval_fn(model) -> dict of floats`` (:class:`ModelEval`), run before training,
+            every ``eval_every`` updates (default ``cfg.eval_every``) and after the last; no
+            evaluation without it.
+        callback: ``callback(step, history) -> bool``; True stops training.
+
+    Returns:
+        an :class:`ExploreResult`: :func:`rlkit.llm.train`'s log (``kl`` and ``kl_seq`` with a KL
+        term, :class:`~rlkit.llm.trainer.KLPenalty`), the hooks' keys (``bonus_div``,
+        ``distinct_correct``, ``bonus_rnd``, ``rnd_raw``), ``rnd``. Before rlkit 0.3 ``kl`` was the
+        mean sequence k1, which is now ``kl_seq``.
+
+    Chapter: 22_exploration_diversity.
+    """
+    cfg, explore = _check_explore_args(tok, task, cfg, explore, eval_fn, eval_every)
+    use_ref = cfg.kl_coef > 0 if cfg.log_kl is None else cfg.log_kl
+    hooks = [KLPenalty(cfg.kl_coef, "k1", where="reward", processed=True)] if use_ref else []
+    hooks += [DiversityBonus(explore.diversity_coef, all=explore.diversity_all),
+              RNDBonus(explore.rnd_coef, lr=explore.rnd_lr, steps=explore.rnd_steps, out=explore.rnd_out,
+                       width=explore.rnd_width, normalize=explore.normalize, encoder=encoder),
+              EntropyBonus(explore.entropy_coef)]
+    res = train(model, tok, task, cfg.replace(kl_coef=0.0, log_kl=None), hooks=hooks,
+                sampler=Fresh(recompute=cfg.temperature != 1.0), logits_processor=logits_processor,
+                evaluation=False if eval_fn is None else ModelEval(eval_fn),
+                callback=None if callback is None else lambda k, history, evals: callback(k, history))
+    return ExploreResult(**{**vars(res), "config": cfg}, explore=explore)
 
 
 # ------------------------------------------------------------------------------- sampling, eval
