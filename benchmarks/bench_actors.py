@@ -47,16 +47,18 @@ from pathlib import Path
 
 import torch
 
-from rlkit.distributed import ActorPool, GroupSampler, Sampled, _rng_seed, loopback_only, merge_batches, tiny_llm
-from rlkit.llm import sequence_advantages, token_logprobs
+from rlkit.distributed import ActorPool, Sampled, _rng_seed, loopback_only
+from rlkit.llm import load_pretrained, sequence_advantages, token_logprobs
+from rlkit.llm.actors import GroupSampler, merge_batches, tiny_llm
 from rlkit.objectives import ppo_clip_loss
 
 HERE = Path(__file__).resolve()
+TOK = load_pretrained()[1]          # GroupSampler encodes with the shipped tokenizer
 
 
 def grpo_step(model, opt, samples, group_size: int) -> float:
     """One GRPO update on the merged groups: advantages per group, PPO-clip against the behaviour log-probs."""
-    batch, _ = merge_batches(samples)
+    batch, _ = merge_batches(samples, TOK)
     ro = batch.rollout
     adv = sequence_advantages(batch.rewards, "grpo", group_size)[:, None] * ro.mask
     model.train()

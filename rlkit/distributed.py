@@ -44,20 +44,22 @@ The contract, the same for every backend:
   bounded queue (``queue_size``) makes actors block instead of running far ahead of the learner;
 * :meth:`ActorPool.lag_histogram` counts the lag :math:`\ell` of every consumed sample.
 
-A loop (the learner)::
+A loop (the learner), with the tiny LLM's actor pieces of :mod:`rlkit.llm.actors`::
+
+    from rlkit.llm.actors import GroupSampler, merge_batches, tiny_llm
 
     with ActorPool(tiny_llm, GroupSampler("addition", group_size=8), n_actors=2,
                    backend="process") as pool:
         pool.publish(model.state_dict(), version=0)
         for k in range(updates):
-            batch, versions = merge_batches(pool.get(8))  # 8 groups, each with its version
+            batch, versions = merge_batches(pool.get(8), tok)  # 8 groups, each with its version
             ...                                           # one update with V-trace targets
             pool.publish(model.state_dict(), version=k + 1)
         print(pool.lag_histogram())
 
 ``make_model`` and ``sample_fn`` must be picklable, importable callables for the real backends
 (a function in a module, a ``functools.partial`` of one, or an instance of a module-level
-class such as :class:`GroupSampler`): a function defined in a notebook cannot be imported by a
+class such as :class:`rlkit.llm.actors.GroupSampler`): a function defined in a notebook cannot be imported by a
 spawned process. Ray is an optional extra: ``pip install -e ".[ray]"``.
 """
 from __future__ import annotations
@@ -69,12 +71,11 @@ import numbers
 import os
 import pickle
 import queue as _queue
-import random
 import socket
 import sys
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,8 +87,7 @@ from .staleness import LagDistribution, PolicyArchive, version_window
 
 Tensor = torch.Tensor
 
-__all__ = ["BACKENDS", "Sampled", "ActorError", "ActorPool", "tiny_llm", "GroupSampler", "merge_batches",
-           "loopback_only"]
+__all__ = ["BACKENDS", "Sampled", "ActorError", "ActorPool", "loopback_only"]
 
 #: The values of ``ActorPool(backend=...)``.
 BACKENDS = ("simulated", "process", "ray")
@@ -99,7 +99,7 @@ _RAY_HINT = 'the "ray" backend needs Ray, an optional extra: pip install -e ".[r
 class Sampled:
     r"""One sample as the learner receives it from :meth:`ActorPool.get`.
 
-    * ``payload``: what ``sample_fn`` returned (for :class:`GroupSampler`, an
+    * ``payload``: what ``sample_fn`` returned (for :class:`rlkit.llm.actors.GroupSampler`, an
       :class:`rlkit.llm.rl.Batch` whose ``rollout.model_logprobs`` are the behaviour log-probs).
     * ``version``: the version of the weights that produced it.
     * ``actor``: the actor (``0 .. n_actors-1``); ``seq``: that actor's sequence number (0, 1, ...).
@@ -313,7 +313,7 @@ def _check_importable(fn, name: str) -> None:
     if mod == "__main__" and not getattr(main, "__file__", None):
         raise TypeError(f"{name} is defined in an interactive session (a notebook or the REPL), which a spawned "
                         f"actor process cannot import; define it in a module (e.g. rlkit) or use "
-                        f"rlkit.distributed.tiny_llm / GroupSampler, or use backend='simulated'")
+                        f"rlkit.llm.actors.tiny_llm / GroupSampler, or use backend='simulated'")
     try:
         pickle.dumps(fn)
     except Exception as e:  # noqa: BLE001 - any pickling failure means the same thing
@@ -711,93 +711,13 @@ class ActorPool:
                 f"consumed={self.consumed}, dropped={len(self.dropped)}, {state})")
 
 
-# ============================================================================================
-# The tiny LLM as actor: a model factory, a group sampler, and merging groups into a batch
-# ============================================================================================
-
-def tiny_llm() -> torch.nn.Module:
-    """The shipped tiny GPT in eval mode, on the CPU (``make_model`` for an :class:`ActorPool`).
-
-    Chapter: 16_offpolicy_multistep.
-    """
-    from .llm import load_pretrained
-    model, _ = load_pretrained()
-    return model.eval()
+# The tiny LLM's actor pieces moved to rlkit.llm.actors (rlkit 0.3): this module knows nothing about
+# language models. The old names resolve there for one release, without importing rlkit.llm here.
+_MOVED_TO_LLM = ("tiny_llm", "GroupSampler", "merge_batches")
 
 
-_TOKENIZER = None
-
-
-def _tokenizer():
-    global _TOKENIZER
-    if _TOKENIZER is None:
-        from .llm import load_pretrained
-        _TOKENIZER = load_pretrained()[1]
-    return _TOKENIZER
-
-
-@dataclass(frozen=True)
-class GroupSampler:
-    r"""``sample_fn`` for an :class:`ActorPool` on the tiny LLM: ``prompts`` prompts x ``group_size`` responses.
-
-    ``GroupSampler(task)(model, rng_seed, request) -> rlkit.llm.rl.Batch``: draws the prompts with
-    ``random.Random(rng_seed)``, samples with a ``torch.Generator`` seeded ``rng_seed`` at
-    ``temperature`` (:func:`rlkit.llm.collect`), and scores them with the task's checker. The batch's
-    ``rollout.model_logprobs`` ``[prompts * group_size, tokens]`` are the behaviour log-probs
-    :math:`\log\mu(y_t)` (temperature 1: the policy itself); ``rollout.logprobs`` those of the
-    distribution sampled from. ``task`` is a task name (``rlkit.llm.TASKS``) or a
-    :class:`rlkit.llm.Task` whose functions are importable.
-
-    Chapter: 16_offpolicy_multistep.
-    """
-
-    task: Any = "addition"
-    group_size: int = 8
-    prompts: int = 1
-    temperature: float = 1.0
-
-    def __post_init__(self):
-        from .llm import Task
-        V.instance_of(self.task, "GroupSampler.task", (str, Task), "task name or rlkit.llm.Task")
-        V.int_in(self.group_size, "GroupSampler.group_size")
-        V.int_in(self.prompts, "GroupSampler.prompts")
-        V.real_in(self.temperature, "GroupSampler.temperature", 0.0, lo_open=True)
-
-    def __call__(self, model, rng_seed: int, request: int):
-        from .llm import RLConfig, collect, get_task
-        task = get_task(self.task) if isinstance(self.task, str) else self.task
-        cfg = RLConfig(algo="grpo" if self.group_size >= 2 else "reinforce", prompts_per_step=self.prompts,
-                       group_size=self.group_size, minibatches=1, temperature=self.temperature)
-        rng = random.Random(rng_seed)
-        gen = torch.Generator().manual_seed(rng_seed)
-        return collect(model, _tokenizer(), task, cfg, rng, gen, next(model.parameters()).device)
-
-
-def merge_batches(samples: Sequence[Sampled]):
-    r"""Stack the :class:`rlkit.llm.rl.Batch` payloads of ``samples`` into one batch, with the version of every row.
-
-    Returns ``(batch, versions)``: ``batch`` concatenates problems, rollouts (prompts left-padded to
-    the longest, responses right-padded to the widest), rewards, correct and responses in the order
-    of ``samples``; ``versions`` is ``long[rows]``, the version that sampled each row (the lag of
-    row :math:`b` is ``pool.version - versions[b]``). A group stays in consecutive rows, so
-    :func:`rlkit.llm.sequence_advantages` applies to the merged rewards.
-
-    Chapter: 16_offpolicy_multistep.
-    """
-    from .llm.rl import Batch, _cat_rollouts
-    V.instance_of(samples, "samples", Sequence, "sequence of Sampled")
-    if not samples:
-        raise ValueError("samples is empty: nothing to merge")
-    for i, s in enumerate(samples):
-        V.instance_of(s, f"samples[{i}]", Sampled)
-        V.instance_of(s.payload, f"samples[{i}].payload", Batch, "rlkit.llm.rl.Batch (from GroupSampler)")
-    bs = [s.payload for s in samples]
-    width = max(b.rollout.response_ids.shape[1] for b in bs)
-    pad = _tokenizer().pad_id
-    ro = _cat_rollouts([b.rollout for b in bs], pad, width)
-    versions = torch.cat([torch.full((len(b.rollout),), s.version, dtype=torch.long) for s, b in zip(samples, bs)])
-    merged = Batch([p for b in bs for p in b.problems], ro, torch.cat([b.rewards for b in bs]),
-                   torch.cat([b.correct for b in bs]), [r for b in bs for r in b.responses],
-                   float(np.mean([b.zero_var_share for b in bs])))
-    return merged, versions
-
+def __getattr__(name):   # TODO(0.3): remove the re-export of the moved names after one release
+    if name in _MOVED_TO_LLM:
+        from .llm import actors
+        return getattr(actors, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -139,8 +139,9 @@ def case_lagged(**kw):
 
 
 def case_lagged_pool():
-    from rlkit.distributed import ActorPool, GroupSampler, tiny_llm
+    from rlkit.distributed import ActorPool
     from rlkit.llm import ADDITION, RLConfig
+    from rlkit.llm.actors import GroupSampler, tiny_llm
     from rlkit.llm.lagged import LaggedConfig, train_lagged
     model, tok = _pretrained()
     cfg = RLConfig(algo="ppo", lam=1.0, steps=3, prompts_per_step=3, group_size=4, minibatches=1, eval_every=3,

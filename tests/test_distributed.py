@@ -6,14 +6,18 @@ Ray is tested in tests/test_distributed_ray.py (inside a loopback-only network n
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
+import types
 
 import numpy as np
 import pytest
 import torch
 
-from rlkit.distributed import ActorError, ActorPool, GroupSampler, Sampled, merge_batches, tiny_llm
+from rlkit.distributed import ActorError, ActorPool, Sampled
+from rlkit.llm import load_pretrained
+from rlkit.llm.actors import GroupSampler, merge_batches, tiny_llm
 from rlkit.staleness import LagDistribution
 
 # ---- picklable, importable toys (a spawned actor imports this module by name) --------------------------------
@@ -113,7 +117,8 @@ def test_llm_group_sampler_and_merge():
         first = pool.get(2)
         pool.publish(model.state_dict(), 1)
         second = pool.get(2)
-    batch, versions = merge_batches(first + second)
+    tok = load_pretrained()[1]
+    batch, versions = merge_batches(first + second, tok)
     assert len(batch.rollout) == 32 and versions.tolist() == [0] * 32   # 4 x 2 prompts x 4; lag 1 at version 1 -> 0
     assert [s.lag for s in first + second] == [0, 0, 1, 1]
     assert batch.rewards.shape == (32,) and len(batch.problems) == 32
@@ -122,7 +127,42 @@ def test_llm_group_sampler_and_merge():
     again = sampler(tiny_llm(), first[0].rng_seed, first[0].request)        # recomputable from (version, seed)
     assert torch.equal(again.rollout.response_ids, first[0].payload.rollout.response_ids)
     with pytest.raises(TypeError, match="samples\\[0\\]"):
-        merge_batches([1])
+        merge_batches([1], tok)
+    with pytest.raises(TypeError):
+        merge_batches(first)                                # the tokenizer that pads is not optional
+
+
+def test_merge_batches_pads_with_the_tokenizer_it_is_given():
+    """A narrower prompt block is left-padded with the given tokenizer's pad id (not the shipped one's 0)."""
+    with ActorPool(tiny_llm, GroupSampler("addition", group_size=2), backend="simulated") as pool:
+        pool.publish(tiny_llm().state_dict(), 0)
+        a, b = pool.get(2)
+    ro = b.payload.rollout
+    narrow = dataclasses.replace(b, payload=dataclasses.replace(b.payload, rollout=dataclasses.replace(
+        ro, prompt_ids=ro.prompt_ids[:, 1:], prompt_mask=ro.prompt_mask[:, 1:])))
+    batch, _ = merge_batches([a, narrow], types.SimpleNamespace(pad_id=7))
+    merged = batch.rollout
+    assert merged.prompt_ids.shape[1] == a.payload.rollout.prompt_ids.shape[1]
+    assert merged.prompt_ids[2:, 0].tolist() == [7, 7] and not merged.prompt_mask[2:, 0].any()
+    assert torch.equal(merged.prompt_ids[:2], a.payload.rollout.prompt_ids)
+    with pytest.raises(TypeError, match="tok.pad_id"):
+        merge_batches([a], object())
+
+
+def test_the_moved_llm_pieces_resolve_from_rlkit_distributed_for_one_release():
+    """rlkit.distributed imports nothing of rlkit.llm; its old names for the actor pieces resolve lazily."""
+    import subprocess
+    import sys
+
+    import rlkit.distributed as D
+    import rlkit.llm.actors as A
+
+    assert D.tiny_llm is A.tiny_llm and D.GroupSampler is A.GroupSampler and D.merge_batches is A.merge_batches
+    assert not {"tiny_llm", "GroupSampler", "merge_batches"} & set(D.__all__)
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        D.nothing  # noqa: B018
+    code = "import sys, rlkit.distributed; assert not [m for m in sys.modules if m.startswith('rlkit.llm')]"
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 # ---- real processes: a smoke run with robust assertions -------------------------------------------------------

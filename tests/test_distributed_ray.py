@@ -45,8 +45,9 @@ def namespace_run() -> dict:
     import ray
     import torch
 
-    from rlkit.distributed import ActorError, ActorPool, GroupSampler, loopback_only, merge_batches, tiny_llm
-    from rlkit.llm import sequence_advantages, token_logprobs
+    from rlkit.distributed import ActorError, ActorPool, loopback_only
+    from rlkit.llm import load_pretrained, sequence_advantages, token_logprobs
+    from rlkit.llm.actors import GroupSampler, merge_batches, tiny_llm
     from rlkit.objectives import ppo_clip_loss
 
     if not loopback_only() or os.environ.get("RAY_USAGE_STATS_ENABLED") != "0":
@@ -62,7 +63,7 @@ def namespace_run() -> dict:
     out = {"nodes": [n["NodeManagerAddress"] for n in ray.nodes()], "node_ip": ray.util.get_node_ip_address(),
            "seconds": times}
     sampler = GroupSampler("addition", group_size=4)
-    model = tiny_llm()
+    model, tok = load_pretrained()
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     published = {}
     with ActorPool(tiny_llm, sampler, n_actors=N_ACTORS, backend="ray", queue_size=2, timeout=120) as pool:
@@ -73,7 +74,7 @@ def namespace_run() -> dict:
             samples = pool.get(PER_UPDATE)
             times.setdefault("first samples", time.perf_counter() - t0)
             got += samples
-            batch, _ = merge_batches(samples)              # a real update: GRPO-style, ratio to the behaviour
+            batch, _ = merge_batches(samples, tok)         # a real update: GRPO-style, ratio to the behaviour
             ro = batch.rollout
             adv = sequence_advantages(batch.rewards, "grpo", sampler.group_size)[:, None] * ro.mask
             logp = token_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.mask)

@@ -1,19 +1,36 @@
-"""The lagged actor-critic learner of chapter 16 (rlkit/llm/lagged.py).
+"""The lagged actor-critic learner of chapter 16 (rlkit/llm/lagged.py, OffPolicy and Pool).
 
 offpolicy_targets is compared with slow per-token loops written from the equations and with the
 on-policy identities (V-trace and the uncorrected lambda-return coincide when pi = mu); the
 continuation estimate of V^pi is checked on prefixes whose value is known exactly (0 once a wrong
 digit is written); the learner runs a few steps with each target, with simulated lags and with the
-simulated ActorPool backend.
+simulated ActorPool backend; train_lagged is checked to be rlkit.llm.train with its parts, to refuse
+every setting it would ignore, and OffPolicy to take a critic with two channels.
 """
 import math
 
 import pytest
 import torch
 
-from rlkit.llm import ADDITION, RLConfig, load_pretrained, sample
+from rlkit.llm import ADDITION, RLConfig, load_pretrained, sample, train
+from rlkit.llm.advantages import OffPolicy
 from rlkit.llm.evaluation import encode_prompts
-from rlkit.llm.lagged import PROBES, TARGETS, LaggedConfig, QHead, continuation_values, offpolicy_targets, train_lagged
+from rlkit.llm.heads import LogitHead, ValueHead
+from rlkit.llm.lagged import (
+    PROBES,
+    TARGETS,
+    ClippedLoss,
+    LaggedConfig,
+    QHead,
+    ValueProbes,
+    continuation_values,
+    offpolicy_targets,
+    target_errors,
+    train_lagged,
+)
+from rlkit.llm.samplers import Lagged
+from rlkit.llm.trainer import HeldOut, Hook
+from rlkit.objectives import normalize_advantages
 from rlkit.staleness import LagDistribution
 
 torch.set_num_threads(1)
@@ -128,9 +145,10 @@ def test_continuation_values_are_zero_after_a_wrong_digit_and_probabilities_othe
 
 def test_qhead_starts_at_zero_and_has_one_output_per_token():
     model, tok = load_pretrained()
-    q = QHead(model, tok.vocab_size)
+    q = QHead(model, tok.vocab_size)                 # rlkit 0.2's name of LogitHead(lm, V, (V,))
     out = q(torch.tensor([[3, 4, 5]]))
     assert out.shape == (1, 3, tok.vocab_size) and bool((out == 0).all())
+    assert isinstance(q, LogitHead) and q.shape == (tok.vocab_size,)
 
 
 @pytest.mark.parametrize("target,critic", [("none", "v"), ("vtrace", "q"), ("retrace", "q")])
@@ -154,7 +172,8 @@ def test_train_lagged_runs_with_each_target(target, critic):
 
 
 def test_train_lagged_consumes_a_simulated_actor_pool():
-    from rlkit.distributed import ActorPool, GroupSampler, tiny_llm
+    from rlkit.distributed import ActorPool
+    from rlkit.llm.actors import GroupSampler, tiny_llm
     model, tok = load_pretrained()
     cfg = RLConfig(algo="ppo", lam=1.0, steps=4, prompts_per_step=3, group_size=4, minibatches=1, eval_every=4,
                    eval_problems=16, seed=0)
@@ -169,3 +188,126 @@ def test_train_lagged_consumes_a_simulated_actor_pool():
     with pytest.raises(ValueError, match="group"):
         with ActorPool(tiny_llm, GroupSampler("addition", group_size=2, prompts=1), backend="simulated") as pool:
             train_lagged(load_pretrained()[0], tok, ADDITION, cfg, LaggedConfig(), pool=pool)
+
+
+SMALL = dict(algo="ppo", lam=1.0, steps=2, prompts_per_step=4, group_size=4, eval_every=2, eval_problems=16, seed=0)
+
+
+def test_train_lagged_is_train_with_its_parts():
+    """The 0.2 wrapper and the chapter's call give the same run, bit for bit (history, probes, weights)."""
+    cfg = RLConfig(**SMALL)
+    lag = LaggedConfig(target="vtrace", clip_rho=2.0, lag=LagDistribution.uniform(2), probe_every=1, probe_rows=4,
+                       probe_continuations=2)
+    model, tok = load_pretrained()
+    old = train_lagged(model, tok, ADDITION, cfg, lag)
+    model2, _ = load_pretrained()
+    new = train(model2, tok, ADDITION, cfg, sampler=Lagged(LagDistribution.uniform(2)),
+                advantages=OffPolicy("vtrace", "q", clip_rho=2.0), loss=ClippedLoss("standard"),
+                hooks=[ValueProbes(every=1, rows=4, continuations=2)], evaluation=HeldOut(sampled=False, rewards=False))
+    assert set(old.history) == set(new.history)
+    for key in set(old.history) - {"train_seconds"}:
+        assert [x.hex() for x in old.history[key]] == [x.hex() for x in new.history[key]], key
+    assert old.evals["greedy_accuracy"] == new.evals["greedy_accuracy"] and set(old.evals) == set(new.evals)
+    assert "loss" in old.history and "policy_loss" not in old.history       # the 0.2 key is the loop's "loss"
+    assert all(torch.equal(a, b) for a, b in zip(old.model.state_dict().values(), new.model.state_dict().values()))
+    assert len(new.probes) == 2 and old.consumed == []
+    for name in ("none", "vtrace(2)", "retrace", "critic"):
+        assert target_errors(new.probes, name) == old.target_errors(name)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("algo", "grpo"), ("temperature", 0.7), ("top_k", 5), ("top_p", 0.9), ("kl_coef", 0.1), ("kl_estimator", "k1"),
+    ("kl_in", "reward"), ("clip_eps_high", 0.3), ("token_rewards", True), ("value_target", "mc"),
+    ("value_nstep", 2), ("value_lam", 0.5)])
+def test_train_lagged_refuses_the_settings_it_does_not_read(field, value):
+    model, tok = load_pretrained()
+    with pytest.raises(ValueError, match=f"{field}"):
+        train_lagged(model, tok, ADDITION, RLConfig(**{**SMALL, field: value}))
+
+
+@pytest.mark.parametrize("field,value", [("checker", "prefix"), ("dynamic_sampling", True),
+                                         ("max_sample_rounds", 2)])
+def test_train_lagged_with_a_pool_refuses_what_the_pool_decides(field, value):
+    model, tok = load_pretrained()
+    with pytest.raises(ValueError, match=f"RLConfig.{field} \\(with a pool"):
+        train_lagged(model, tok, ADDITION, RLConfig(**{**SMALL, field: value}), pool=object())
+
+
+def test_train_lagged_refuses_the_lag_with_a_pool_and_the_timeout_without_one():
+    model, tok = load_pretrained()
+    with pytest.raises(ValueError, match="LaggedConfig.lag is not used with a pool"):
+        train_lagged(model, tok, ADDITION, RLConfig(**SMALL), LaggedConfig(lag=2), pool=object())
+    with pytest.raises(ValueError, match="timeout is only used with a pool"):
+        train_lagged(model, tok, ADDITION, RLConfig(**SMALL), timeout=5.0)
+
+
+def test_lagged_config_refuses_the_clips_and_probe_sizes_it_would_ignore():
+    with pytest.raises(ValueError, match="clip_rho and clip_c are only used by target='vtrace'"):
+        LaggedConfig(target="none", clip_rho=2.0)
+    with pytest.raises(ValueError, match="clip_rho and clip_c are only used by target='vtrace'"):
+        LaggedConfig(target="retrace", clip_c=0.5)
+    with pytest.raises(ValueError, match="only used with probe_every"):
+        LaggedConfig(probe_rows=8)
+    with pytest.raises(ValueError, match="only used by target='vtrace'"):
+        OffPolicy("none", "v", clip_rho=2.0)
+    with pytest.raises(ValueError, match="critic='q'"):
+        OffPolicy("retrace", "v")
+
+
+def test_train_lagged_honours_log_kl_now():
+    """rlkit 0.2's trainer ignored RLConfig.log_kl; through train it measures the KL to the reference."""
+    model, tok = load_pretrained()
+    res = train_lagged(model, tok, ADDITION, RLConfig(**{**SMALL, "log_kl": True}))
+    assert len(res.history["kl"]) == 2 and all(math.isfinite(x) for x in res.history["kl"])
+
+
+def test_offpolicy_refuses_a_value_critic_for_retrace_and_value_probes_need_it():
+    model, tok = load_pretrained()
+    with pytest.raises(ValueError, match="Q over the vocabulary"):
+        train(model, tok, ADDITION, RLConfig(**SMALL), sampler=Lagged(1),
+              advantages=OffPolicy("retrace", ValueHead(load_pretrained()[0], tok.vocab_size)))
+    with pytest.raises(RuntimeError, match="value_estimate"):
+        train(model, tok, ADDITION, RLConfig(**{**SMALL, "algo": "grpo"}), hooks=[ValueProbes(every=1)])
+
+
+class _Cost(Hook):
+    """A value channel "cost" (1 for a response longer than 3 tokens), combined as A_r - nu A_c."""
+
+    def __init__(self, nu=0.5, give=True):
+        self.nu, self.give, self.seen = nu, give, []
+
+    def setup(self, run):
+        run.value_channels.append("cost")
+
+    def on_batch(self, run, step):
+        if self.give:
+            step.data.setdefault("channels", {})["cost"] = (step.rollout.mask.sum(-1) > 3).float()
+
+    def on_advantages(self, run, step):
+        a = step.data["advantages"]
+        self.seen.append((sorted(a), tuple(a["cost"].shape), tuple(step.data["returns"].shape),
+                          tuple(step.data["values"].shape)))
+        step.adv = normalize_advantages(a["reward"] - self.nu * a["cost"], step.rollout.mask)
+
+
+@pytest.mark.parametrize("critic,target", [("q", "retrace"), ("v", "vtrace")])
+def test_offpolicy_values_a_cost_channel_beside_the_reward(critic, target):
+    """The loop's value channels: one critic output and one corrected target per channel, the reward's first."""
+    model, tok = load_pretrained()
+    V, N, T = tok.vocab_size, 4 * 4, ADDITION.max_new_tokens
+    cost = _Cost()
+    res = train(model, tok, ADDITION, RLConfig(**SMALL), sampler=Lagged(1), advantages=OffPolicy(target, critic),
+                loss=ClippedLoss(), hooks=[cost, ValueProbes(every=1, rows=2, continuations=2)],
+                evaluation=HeldOut(sampled=False))
+    assert res.critic.shape == ((2, V) if critic == "q" else (2,))
+    assert cost.seen == [(["cost", "reward"], (N, T), (2, N, T), (N, T))] * 2
+    for key in ("value_loss", "cost_value_loss"):
+        assert len(res.history[key]) == 2 and all(math.isfinite(x) for x in res.history[key])
+    assert res.probes[0]["estimates"]["critic"].shape == (2, T)      # the reward's values
+    assert math.isfinite(target_errors(res.probes, "vtrace(1)")[0])
+    with pytest.raises(ValueError, match="no values for the value channel 'cost'"):
+        train(load_pretrained()[0], tok, ADDITION, RLConfig(**SMALL), sampler=Lagged(1),
+              advantages=OffPolicy(target, critic), hooks=[_Cost(give=False)])
+    with pytest.raises(ValueError, match="value channels \\('cost',\\)"):
+        train(load_pretrained()[0], tok, ADDITION, RLConfig(**SMALL), sampler=Lagged(1),
+              advantages=OffPolicy(target, LogitHead(load_pretrained()[0], V, (V,))), hooks=[_Cost()])

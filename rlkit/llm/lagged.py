@@ -1,4 +1,4 @@
-r"""An actor-critic learner for the tiny LLM on lagged data, with corrections of the *value target*.
+r"""Actor-critic learning of the tiny LLM on lagged data, with corrections of the *value target*.
 
 Chapter: 16_offpolicy_multistep.
 
@@ -7,75 +7,59 @@ reweights the sampled token :math:`y_t` by :math:`\pi_\theta/\mu` (or a variant 
 leaves the advantage :math:`\hat A_t` the ratio multiplies, and the critic's regression targets,
 computed on a trajectory whose *later* tokens :math:`y_{t+1}, y_{t+2},\dots` were drawn by the old
 version :math:`\mu`. {prf:ref}`prop-ch11-current-advantage` asks for :math:`A^{\pi_k}`, so the later
-tokens must be corrected too. This module does that with the off-policy multi-step targets of
-:mod:`rlkit.offpolicy`, one per ``LaggedConfig.target``:
+tokens must be corrected too, with the off-policy multi-step targets of :mod:`rlkit.offpolicy`
+(:func:`offpolicy_targets`: none, V-trace or Retrace).
 
-* ``none``: the lambda-return of the behaviour trajectory, uncorrected (it estimates values of
-  :math:`\mu`, not of :math:`\pi_k`);
-* ``vtrace``: :math:`r_t + \gamma_t[V(h_{t+1}) + \lambda(v_{t+1} - V(h_{t+1}))]` with the V-trace
-  :math:`v_{t+1}` (clips :math:`\bar\rho`, :math:`\bar c`); it estimates values of the truncated
-  policy :math:`\pi_{\bar\rho}\propto\min(\bar\rho\mu, \pi_k)`;
-* ``retrace``: the Retrace target :math:`G_t` (:func:`rlkit.offpolicy.retrace`), whose fixed point
-  is :math:`Q^{\pi_k}`;
+The chapter's learner is :func:`rlkit.llm.train` with four parts::
 
-and in every case :math:`\hat A_t` = target :math:`- V(h_t)`.
+    train(model, tok, ADDITION, RLConfig(algo="ppo", lam=1.0),
+          sampler=Lagged(LagDistribution.uniform(8)),          # or Pool(pool): real actors
+          advantages=OffPolicy("vtrace", critic="q"),
+          loss=ClippedLoss("standard"),
+          hooks=[ValueProbes(every=4, rows=16, continuations=16)],
+          evaluation=HeldOut(sampled=False, rewards=False))
 
-The critic is a :class:`QHead` (``critic="q"``: :math:`Q(h_t,\cdot)` over the whole vocabulary and
-:math:`V(h_t) = \sum_a\pi_k(a\mid h_t)Q(h_t,a)`, needed by Retrace) or PPO's
-:class:`rlkit.llm.ValueHead` (``critic="v"``, enough for ``none`` and ``vtrace``). One step of
-:func:`train_lagged`:
+* :class:`rlkit.llm.samplers.Lagged` samples each *group* of ``group_size`` responses with version
+  :math:`k-\ell`, :math:`\ell\sim` ``lag`` (a :class:`rlkit.staleness.PolicyArchive`);
+  :class:`rlkit.llm.samplers.Pool` takes the groups of an :class:`rlkit.distributed.ActorPool`
+  instead, with whatever lag the actors produce;
+* :class:`rlkit.llm.advantages.OffPolicy` computes the targets and the advantages, and fits the
+  critic (a Q-value over the vocabulary or a value) after every policy step;
+* :class:`ClippedLoss` is the clipped policy loss of chapter 12 (``method``: the ratio correction);
+* :class:`ValueProbes` measures, every few updates, how far each target's estimate of
+  :math:`V^{\pi_k}(h_t)` is from the truth, estimated by on-policy continuations
+  (:func:`continuation_values`, :func:`target_errors`).
 
-1. **Sample** with lagged versions: each group of ``group_size`` responses comes from version
-   :math:`k-\ell`, :math:`\ell\sim` ``lag`` (a :class:`rlkit.staleness.PolicyArchive`, as in
-   :func:`rlkit.llm.stale.train_stale_grpo`); behaviour log-probs :math:`\log\mu(y_t)` are the
-   sampler's ``model_logprobs``.
-2. **Score** with :math:`\pi_k` (log-probs and, for the Q critic, the full next-token distribution)
-   and the critic; the reward (exact match) sits on the last token; :math:`\gamma_t` =
-   ``cfg.gamma`` inside a response, 0 after its last token.
-3. **Targets** by :func:`offpolicy_targets`; advantages whitened over the batch.
-4. **Update** ``cfg.epochs`` x ``cfg.minibatches``: the policy by
-   :func:`rlkit.objectives.clipped_policy_loss` (``LaggedConfig.method``: the ratio correction of
-   chapter 12), the critic by a squared error on the targets.
-5. **Probe** (every ``probe_every`` steps): for ``probe_rows`` responses evenly spaced over the batch, the true
-   :math:`V^{\pi_k}(h_t)` of every prefix estimated by ``probe_continuations`` on-policy
-   continuations (:func:`continuation_values`), and the estimates of it that each target of
-   :data:`PROBES` gives with the same critic on the same data (a paired comparison).
-
-Logged per step (``result.history``): ``reward``, ``accuracy``, ``mean_age``, ``staleness`` (token
-mean of :math:`\tfrac12|\pi_k/\mu - 1|`), ``clip_fraction``, ``policy_loss``, ``value_loss``,
-``train_seconds``; ``result.evals``: held-out ``greedy_accuracy`` every ``cfg.eval_every`` steps.
+:func:`train_lagged` is the same call under its rlkit 0.2 name, kept for one release.
 """
 from __future__ import annotations
 
-import copy
 import math
 import numbers
-import random
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.nn as nn
 
 from .. import _validate as V
-from ..objectives import CLIP_METHODS, clipped_policy_loss, normalize_advantages
+from ..objectives import CLIP_METHODS, clipped_policy_loss
 from ..offpolicy import retrace, trace_coefficients, vtrace
 from ..returns import gae
-from ..staleness import LagDistribution, PolicyArchive, staleness
-from ..utils import clip_grad
-from .evaluation import evaluate
-from .rl import RLConfig, ValueHead, _train_args, collect
-from .sampling import Rollout, call_model, sample
-from .stale import _cat
+from ..staleness import LagDistribution
+from .advantages import OffPolicy
+from .heads import LogitHead, response_positions
+from .rl import RLConfig, refuse_unread
+from .samplers import Lagged, Pool
+from .sampling import Rollout, sample
 from .tasks import Problem, Task
 from .tokenizer import CharTokenizer
+from .trainer import HeldOut, Hook, RLResult, Step, train
 
 __all__ = ["TARGETS", "PROBES", "QHead", "LaggedConfig", "LaggedResult", "offpolicy_targets", "continuation_values",
-           "train_lagged"]
+           "target_errors", "ValueProbes", "ClippedLoss", "train_lagged"]
 
-#: The value-target corrections of :func:`train_lagged` (``LaggedConfig.target``).
+#: The value-target corrections of :class:`rlkit.llm.advantages.OffPolicy` (``LaggedConfig.target``).
 TARGETS = ("none", "vtrace", "retrace")
 
 #: The estimates of :math:`V^{\pi_k}(h_t)` that a probe compares, as ``name: (target, clip_rho)``.
@@ -83,30 +67,17 @@ PROBES = {"none": ("none", 1.0), "vtrace(1)": ("vtrace", 1.0), "vtrace(2)": ("vt
           "retrace": ("retrace", 1.0)}
 
 
-class QHead(nn.Module):
-    r"""A critic over the vocabulary: :math:`Q(h_t, \cdot) = W\,\mathrm{logits}_t + b \in \mathbb R^{|\mathcal V|}`.
+class QHead(LogitHead):
+    r"""A critic over the vocabulary, :math:`Q(h_t, \cdot) = W\,\mathrm{logits}_t + b`: ``LogitHead(lm, V, (V,))``.
 
-    ``forward(ids [B, T], attention_mask=None) -> q [B, T, |V|]``; ``q[:, t, a]`` is the value of
-    emitting token ``a`` after reading ``ids[:, :t + 1]``. Built, like :class:`rlkit.llm.ValueHead`,
-    on a copy of the LM; the head (:math:`|\mathcal V|^2 + |\mathcal V|` parameters here, a
-    :math:`d\times|\mathcal V|` matrix on hidden states in a real LLM) starts at zero. Retrace and
-    Tree-Backup need it because their targets contain :math:`\mathbb E_{a\sim\pi}Q(h_{t+1}, a)`.
+    ``forward(ids [B, T], attention_mask=None) -> q [B, T, |V|]``. The rlkit 0.2 name, kept for one
+    release; use :class:`rlkit.llm.heads.LogitHead` with ``shape=(vocab_size,)``.
 
     Chapter: 16_offpolicy_multistep.
     """
 
-    accepts_attention_mask = True
-
-    def __init__(self, lm: nn.Module, vocab_size: int):
-        super().__init__()
-        self.lm = lm
-        vocab_size = V.int_in(vocab_size, "vocab_size")
-        self.head = nn.Linear(vocab_size, vocab_size)
-        nn.init.zeros_(self.head.weight)
-        nn.init.zeros_(self.head.bias)
-
-    def forward(self, ids, attention_mask=None):
-        return self.head(call_model(self.lm, ids, attention_mask))
+    def __init__(self, lm: nn.Module, vocab_size: int):   # TODO(0.4): remove (rlkit 0.2's name)
+        super().__init__(lm, vocab_size, (vocab_size,))
 
 
 def _as_lag(x, name: str) -> LagDistribution:
@@ -119,11 +90,12 @@ class LaggedConfig(V.ValidatedConfig):
     r"""The off-policy knobs of :func:`train_lagged`, checked when built.
 
     Fields: ``target`` (one of :data:`TARGETS`); ``clip_rho`` :math:`\bar\rho > 0` and ``clip_c``
-    :math:`\bar c > 0` (V-trace); ``lag`` (a :class:`rlkit.staleness.LagDistribution` or an int);
+    :math:`\bar c > 0` (V-trace only); ``lag`` (a :class:`rlkit.staleness.LagDistribution` or an int);
     ``method`` (the policy-ratio correction, one of :data:`rlkit.objectives.CLIP_METHODS`);
-    ``critic`` (``"q"``: :class:`QHead`; ``"v"``: :class:`rlkit.llm.ValueHead`, not with Retrace);
-    ``normalize`` (whiten the advantages); ``probe_every`` (``None`` or steps between probes),
-    ``probe_rows``, ``probe_continuations``.
+    ``critic`` (``"q"``: a Q-value over the vocabulary; ``"v"``: :class:`rlkit.llm.ValueHead`, not
+    with Retrace); ``normalize`` (whiten the advantages); ``probe_every`` (``None`` or updates
+    between probes), ``probe_rows``, ``probe_continuations`` (:class:`ValueProbes`; only with
+    ``probe_every``).
 
     Chapter: 16_offpolicy_multistep.
     """
@@ -144,57 +116,28 @@ class LaggedConfig(V.ValidatedConfig):
         if self.target == "retrace" and self.critic != "q":
             raise ValueError("LaggedConfig.target = 'retrace' needs Q over the vocabulary: use critic='q' "
                              "(a ValueHead gives only V)")
+        if self.target != "vtrace" and (self.clip_rho != 1.0 or self.clip_c != 1.0):
+            raise ValueError(f"LaggedConfig.clip_rho and clip_c are only used by target='vtrace'; with "
+                             f"target={self.target!r} they would be ignored, so leave them at 1.0")
+        if self.probe_every is None and (self.probe_rows != 32 or self.probe_continuations != 16):
+            raise ValueError("LaggedConfig.probe_rows and probe_continuations are only used with probe_every; "
+                             "without it there is no probe, so leave them at their defaults (32, 16)")
 
 
 @dataclass
-class LaggedResult:
-    r"""What :func:`train_lagged` returns.
+class LaggedResult(RLResult):
+    r"""What :func:`train_lagged` returns: an :class:`rlkit.llm.RLResult` with its :class:`LaggedConfig`.
 
-    ``probes`` is a list of dicts, one per probe: ``step``, ``age`` ``[R]`` (versions behind the
-    learner), ``mask`` ``[R, T]``, ``truth`` ``[R, T]`` (the continuation estimate of
-    :math:`V^{\pi_k}(h_t)`), ``n`` (continuations per prefix) and ``estimates`` (``name -> [R, T]``,
-    the names of :data:`PROBES` available for the critic, plus ``"critic"``: :math:`V(h_t)` itself).
-    ``consumed`` lists ``(step, actor, seq, version, lag)`` of every sample taken from an
-    :class:`rlkit.distributed.ActorPool` (empty for simulated lags).
+    Its extras: ``probes`` (:class:`ValueProbes`; empty without ``probe_every``) and ``consumed``
+    (:class:`rlkit.llm.samplers.Pool`: ``(update, actor, seq, version, lag)`` of every sample taken
+    from the actor pool; empty for simulated lags).
     """
 
-    model: nn.Module
-    critic: nn.Module
-    history: dict
-    evals: dict
-    probes: list
-    config: RLConfig
-    lagged: LaggedConfig
-    consumed: list = field(default_factory=list)
-
-    def array(self, key: str) -> np.ndarray:
-        """``history[key]`` or ``evals[key]`` as a float array."""
-        src = self.history if key in self.history else self.evals
-        return np.asarray(src[key], dtype=float)
+    lagged: LaggedConfig | None = None
 
     def target_errors(self, name: str, ages: Sequence[int] | None = None) -> tuple[float, int]:
-        r"""Mean squared error of estimate ``name`` against :math:`V^{\pi_k}` over the probed tokens.
-
-        .. math:: \widehat{\mathrm{MSE}} = \frac1n\sum\Big[(\hat v - \hat p)^2 - \frac{\hat p(1-\hat p)}{K-1}\Big],
-
-        with :math:`\hat p` the mean of :math:`K` continuation rewards (0/1): the second term removes
-        the truth's own sampling variance, so the estimate is unbiased for the error against the
-        exact :math:`V^{\pi_k}`. Only rows whose age is in ``ages`` (all if ``None``). Returns
-        ``(mse, n_tokens)``; ``(nan, 0)`` when nothing matches.
-        """
-        tot, n = 0.0, 0
-        for p in self.probes:
-            if name not in p["estimates"]:
-                raise KeyError(f"no estimate {name!r} in the probes (have {sorted(p['estimates'])})")
-            rows = torch.ones_like(p["age"], dtype=torch.bool) if ages is None else \
-                torch.isin(p["age"], torch.as_tensor(list(ages), dtype=p["age"].dtype))
-            m = (p["mask"] > 0) & rows[:, None]
-            if not m.any():
-                continue
-            t, e = p["truth"][m].double(), p["estimates"][name][m].double()
-            tot += float(((e - t) ** 2 - t * (1 - t) / (p["n"] - 1)).sum())
-            n += int(m.sum())
-        return (tot / n if n else math.nan), n
+        """:func:`target_errors` of this run's probes."""
+        return target_errors(self.probes, name, ages)
 
 
 def _shift_left(x: torch.Tensor) -> torch.Tensor:
@@ -305,209 +248,186 @@ def continuation_values(model, tok: CharTokenizer, task: Task, rollout: Rollout,
     return out * rollout.mask.cpu().float()
 
 
-def _positions(net, ro: Rollout, rows=None) -> torch.Tensor:
-    """``net``'s outputs at the positions that score response tokens: ``[B, T, ...]``."""
-    pid, pm, rid = ro.prompt_ids, ro.prompt_mask, ro.response_ids
-    if rows is not None:
-        pid, pm, rid = pid[rows], pm[rows], rid[rows]
-    P, T = pid.shape[1], rid.shape[1]
-    ids = torch.cat([pid, rid], 1)
-    att = torch.cat([pm, torch.ones_like(rid, dtype=torch.bool)], 1)
-    out = net(ids, attention_mask=att) if isinstance(net, ValueHead) else call_model(net, ids, att)
-    return out[:, P - 1:P - 1 + T]
+def target_errors(probes: Sequence[dict], name: str, ages: Sequence[int] | None = None) -> tuple[float, int]:
+    r"""Mean squared error of estimate ``name`` against :math:`V^{\pi_k}` over the probed tokens of ``probes``.
+
+    .. math:: \widehat{\mathrm{MSE}} = \frac1n\sum\Big[(\hat v - \hat p)^2 - \frac{\hat p(1-\hat p)}{K-1}\Big],
+
+    with :math:`\hat p` the mean of :math:`K` continuation rewards (0/1): the second term removes
+    the truth's own sampling variance, so the estimate is unbiased for the error against the
+    exact :math:`V^{\pi_k}`. ``probes`` are :class:`ValueProbes`' (``result.probes``); only rows
+    whose age is in ``ages`` count (all if ``None``). Returns ``(mse, n_tokens)``; ``(nan, 0)``
+    when nothing matches.
+
+    Chapter: 16_offpolicy_multistep.
+    """
+    tot, n = 0.0, 0
+    for p in probes:
+        if name not in p["estimates"]:
+            raise KeyError(f"no estimate {name!r} in the probes (have {sorted(p['estimates'])})")
+        rows = torch.ones_like(p["age"], dtype=torch.bool) if ages is None else \
+            torch.isin(p["age"], torch.as_tensor(list(ages), dtype=p["age"].dtype))
+        m = (p["mask"] > 0) & rows[:, None]
+        if not m.any():
+            continue
+        t, e = p["truth"][m].double(), p["estimates"][name][m].double()
+        tot += float(((e - t) ** 2 - t * (1 - t) / (p["n"] - 1)).sum())
+        n += int(m.sum())
+    return (tot / n if n else math.nan), n
 
 
-def _critic_outputs(critic, kind, logp_all, ro, rows=None):
-    """``(values [B, T], q_taken [B, T] or None)``; for the Q critic V = sum_a pi_k(a) Q(., a)."""
-    out = _positions(critic, ro, rows)
-    if kind == "v":
-        return out, None
-    y = ro.response_ids if rows is None else ro.response_ids[rows]
-    v = (logp_all.exp() * out).sum(-1)
-    return v, out.gather(-1, y[..., None]).squeeze(-1)
+class ValueProbes(Hook):
+    r"""Every ``every`` updates, measure each target's estimate of :math:`V^{\pi_k}(h_t)` against the truth.
+
+    Before the update (after the advantages), for ``rows`` responses evenly spaced over the batch
+    (so over all ages): the true :math:`V^{\pi_k}(h_t)` of every prefix, estimated by
+    ``continuations`` on-policy continuations from :math:`\pi_k` (:func:`continuation_values`,
+    its own generator seeded ``RLConfig.seed + 2``), and the estimate of it that each target of
+    :data:`PROBES` gives with the same critic on the same data (a paired comparison): the return
+    (``"none"``), V-trace's :math:`v_t` with :math:`\bar\rho = 1, 2`, and for a Q critic
+    :math:`V(h_t) + \lambda c_t(G_t - Q(h_t, y_t))`, the bracket of the Retrace recursion; plus
+    ``"critic"``, :math:`V(h_t)` itself. The estimates come from the estimator through
+    ``step.data["value_estimate"]`` (:class:`rlkit.llm.advantages.OffPolicy`).
+
+    ``result.probes`` is a list of dicts, one per probe: ``step`` (the update), ``age`` ``[R]``
+    (versions behind the learner), ``mask`` ``[R, T]``, ``truth`` ``[R, T]``, ``n``
+    (continuations per prefix) and ``estimates`` (``name -> [R, T]``); :func:`target_errors`
+    turns them into squared errors. With value channels (a cost beside the reward) the probes compare
+    the reward's estimates: the truth is the value of the checker's reward.
+
+    Args:
+        every: updates between probes (the first at update 0).
+        rows: responses probed (at most the batch).
+        continuations: continuations per prefix, ``>= 2``.
+    """
+
+    def __init__(self, every: int = 4, rows: int = 32, continuations: int = 16):
+        self.every = V.int_in(every, "every")
+        self.rows = V.int_in(rows, "rows")
+        self.continuations = V.int_in(continuations, "continuations", 2)
+        self.probes: list = []
+
+    def setup(self, run) -> None:
+        self.gen = run.generator(2)
+        self.probes = []
+
+    def on_step_start(self, run, k: int) -> None:
+        self.k = k
+
+    def on_advantages(self, run, step: Step) -> None:
+        if self.k % self.every:
+            return
+        estimate = step.data.get("value_estimate")
+        if estimate is None:
+            raise RuntimeError("ValueProbes needs an estimator that hands step.data['value_estimate'] "
+                               "(rlkit.llm.advantages.OffPolicy)")
+        ro, mask = step.rollout, step.rollout.mask
+        N = mask.shape[0]
+        pr = torch.linspace(0, N - 1, min(self.rows, N)).round().long().unique()
+        truth = continuation_values(run.model, run.tok, run.task, ro.select(pr.to(run.device)),
+                                    [step.batch.problems[i] for i in pr], self.continuations, self.gen)
+        est = {"critic": step.data["values"][pr].cpu()}
+        for name, (target, clip_rho) in PROBES.items():
+            v = estimate(target, clip_rho)
+            if v is not None:
+                est[name] = v[pr].cpu()
+        self.probes.append(dict(step=self.k, age=step.age[pr].cpu(), mask=mask[pr].cpu(), truth=truth,
+                                n=self.continuations, estimates=est))
+
+    def result(self, run) -> dict:
+        return {"probes": list(self.probes)}
+
+
+class ClippedLoss:
+    r"""The clipped policy loss of a stale-data learner, ``method`` of :func:`rlkit.objectives.clipped_policy_loss`.
+
+    With :math:`\mu` the version that sampled each token (``step.logp_behav``) and :math:`\pi_k`
+    the policy at the start of the update (``step.logp_old``): ``"standard"`` clips
+    :math:`\pi_\theta/\mu` to :math:`1\pm\epsilon`; ``"adaptive"`` (method 1) the window
+    :math:`[\rho_k-\epsilon, \rho_k+\epsilon]` around :math:`\rho_k = \pi_k/\mu`; ``"decoupled"``
+    (method 2) clips :math:`\pi_\theta/\pi_k` to :math:`1\pm\epsilon` and multiplies by
+    :math:`\rho_k`. :math:`\epsilon` is ``RLConfig.clip_eps``, the aggregation ``RLConfig.aggregation``.
+
+    Chapter: 16_offpolicy_multistep (the ratio correction of chapter 12, the same for every target).
+    """
+
+    def __init__(self, method: str = "standard"):
+        self.method = V.choice(method, "method", CLIP_METHODS)
+
+    def setup(self, run) -> None:
+        pass
+
+    def __call__(self, run, step: Step, rows, logp):
+        """``(loss, clip_fraction)`` on the minibatch ``rows``."""
+        loss, st = clipped_policy_loss(self.method, logp, step.logp_old[rows], step.logp_behav[rows],
+                                       step.adv[rows], run.cfg.clip_eps, mask=step.mask[rows],
+                                       aggregation=run.cfg.aggregation)
+        return loss, float(st["clip_fraction"])
+
+
+_positions = response_positions   # TODO(0.3): recipe.py's import (chapter 24), removed when it is ported
+
+#: RLConfig fields train_lagged does not read, and why (rlkit.llm.rl.refuse_unread).
+_UNREAD = {
+    "temperature": "it samples at temperature 1",
+    "top_k": "it samples from the whole vocabulary",
+    "top_p": "it samples from the whole vocabulary",
+    "kl_coef": "it has no KL term",
+    "kl_estimator": "it has no KL term",
+    "kl_in": "it has no KL term",
+    "clip_eps_high": "its clip radius is the symmetric RLConfig.clip_eps",
+    "token_rewards": "its reward is the response's, on the last token",
+    "value_target": "its critic's target is LaggedConfig.target",
+    "value_nstep": "its critic's target is LaggedConfig.target",
+    "value_lam": "its critic's target uses RLConfig.lam",
+}
+#: ... and those it does not read with an actor pool, whose GroupSampler samples and scores.
+_UNREAD_WITH_POOL = {
+    "checker": "with a pool, the pool's GroupSampler scores the samples",
+    "dynamic_sampling": ("with a pool, the pool's GroupSampler samples", (None, False)),
+    "max_sample_rounds": "with a pool, the pool's GroupSampler samples",
+}
+
+
+def _check_lagged_args(cfg, lagged, pool, timeout) -> tuple[RLConfig, LaggedConfig]:
+    """The checks of :func:`train_lagged`: ``(cfg, lagged)`` with their defaults, every unread setting refused."""
+    cfg = RLConfig(algo="ppo", lam=1.0) if cfg is None else V.instance_of(cfg, "cfg", RLConfig)
+    lagged = LaggedConfig() if lagged is None else V.instance_of(lagged, "lagged", LaggedConfig)
+    if cfg.algo != "ppo":
+        raise ValueError(f"cfg.algo must be 'ppo' for train_lagged (an actor-critic), got {cfg.algo!r}")
+    refuse_unread(cfg, "train_lagged", {**_UNREAD, **(_UNREAD_WITH_POOL if pool is not None else {})})
+    if pool is not None and lagged.lag.max != 0:
+        raise ValueError("LaggedConfig.lag is not used with a pool (the pool's actors make the lag); leave it at 0")
+    if pool is None and timeout != 120.0:
+        raise ValueError("timeout is only used with a pool (pool.get); without one leave it at 120.0")
+    return cfg, lagged
 
 
 def train_lagged(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig | None = None,
                  lagged: LaggedConfig | None = None, *, eval_problems: Sequence[Problem] | None = None,
                  pool=None, timeout: float = 120.0, verbose: bool = False) -> LaggedResult:
-    r"""Train ``model`` (in place) with an actor-critic learner on lagged samples; return a :class:`LaggedResult`.
+    r"""Actor-critic learning on lagged samples: :func:`rlkit.llm.train` with the parts of the module docstring.
 
-    The learner of the module docstring. ``cfg`` is an :class:`rlkit.llm.RLConfig` with
-    ``algo="ppo"`` (its ``gamma``, ``lam``, ``lr``, ``value_lr``, ``value_coef``, ``clip_eps``,
-    ``epochs``, ``minibatches``, ``prompts_per_step``, ``group_size``, ``eval_every``, ``seed``
-    are used), temperature 1, no top-k/top-p, no KL term.
-
-    Args:
-        model, tok, task: as in :func:`rlkit.llm.train`.
-        cfg: the trainer settings (default ``RLConfig(algo="ppo", lam=1.0)``).
-        lagged: a :class:`LaggedConfig` (default: V-trace with :math:`\bar\rho=\bar c=1`, fresh data).
-        eval_problems: held-out problems (default ``cfg.eval_problems`` from the test split).
-        pool: ``None`` (lags simulated with a :class:`rlkit.staleness.PolicyArchive` and
-            ``lagged.lag``) or a started :class:`rlkit.distributed.ActorPool` whose ``sample_fn``
-            returns one group of ``cfg.group_size`` responses per sample
-            (:class:`rlkit.distributed.GroupSampler` with ``prompts=1``): each step then consumes
-            ``cfg.prompts_per_step`` samples from it, whatever versions they carry, and publishes the
-            new weights (the lag is the pool's, and ``lagged.lag`` is not used).
-        timeout: seconds to wait for the pool's samples per step.
+    The rlkit 0.2 name of the chapter's call (kept for one release): ``sampler=Lagged(lagged.lag)``
+    (or ``Pool(pool, timeout)`` with an :class:`rlkit.distributed.ActorPool`, whose actors then
+    make the lag), ``advantages=OffPolicy(lagged.target, lagged.critic, ...)`` with ``cfg``'s
+    ``gamma``, ``lam``, ``value_lr`` and ``value_coef``, ``loss=ClippedLoss(lagged.method)``,
+    ``hooks=[ValueProbes(...)]`` when ``lagged.probe_every`` is set, and a greedy held-out
+    evaluation. ``cfg`` (default ``RLConfig(algo="ppo", lam=1.0)``) must have ``algo="ppo"``; the
+    :class:`rlkit.llm.RLConfig` fields it does not read (temperature and truncation, the KL, the
+    asymmetric clip, dense rewards, the critic's target fields; with a pool also the checker and
+    dynamic sampling) must keep their defaults. ``history["loss"]`` is the policy loss (rlkit 0.2's
+    ``policy_loss``).
 
     Chapter: 16_offpolicy_multistep.
     """
-    cfg = _train_args(tok, task, RLConfig(algo="ppo", lam=1.0) if cfg is None else cfg)
-    lagged = LaggedConfig() if lagged is None else V.instance_of(lagged, "lagged", LaggedConfig)
-    if cfg.algo != "ppo":
-        raise ValueError(f"cfg.algo must be 'ppo' for train_lagged (an actor-critic), got {cfg.algo!r}")
-    if cfg.temperature != 1.0 or cfg.top_k is not None or cfg.top_p is not None or cfg.kl_coef != 0:
-        raise ValueError("train_lagged samples at temperature 1 without top-k/top-p and has no KL term")
-    params = list(model.parameters())
-    dev = params[0].device
-    rng = random.Random(cfg.seed)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    lag_gen = torch.Generator().manual_seed(cfg.seed + 1)
-    probe_gen = torch.Generator().manual_seed(cfg.seed + 2)
-    opt = torch.optim.Adam(params, lr=cfg.lr)
-    head = QHead if lagged.critic == "q" else ValueHead
-    critic = head(copy.deepcopy(model), tok.vocab_size).to(dev)
-    vopt = torch.optim.Adam(critic.parameters(), lr=cfg.value_lr)
-    if eval_problems is None:
-        eval_problems = task.problems(cfg.eval_problems, seed=10_000 + cfg.seed, split="test")
-    G = cfg.group_size
-    keys = ("reward", "accuracy", "mean_age", "staleness", "clip_fraction", "policy_loss", "value_loss",
-            "train_seconds")
-    hist = {k: [] for k in keys}
-    evals = {"step": [], "train_seconds": [], "greedy_accuracy": []}
-    probes, consumed = [], []
-    archive = PolicyArchive(capacity=lagged.lag.max + 1)
-    train_time = 0.0
-
-    def run_eval(step):
-        evals["step"].append(step)
-        evals["train_seconds"].append(train_time)
-        evals["greedy_accuracy"].append(evaluate(model, tok, task, eval_problems, greedy=True)["accuracy"])
-
-    run_eval(0)
-    version = 0
-    if pool is None:
-        archive.push(0, model)
-    else:
-        from ..distributed import merge_batches
-        pool.publish(model.state_dict(), version=0)
-    for step in range(cfg.steps):
-        t0 = time.perf_counter()
-        model.eval()
-        if pool is None:
-            lags = lagged.lag.sample(cfg.prompts_per_step, lag_gen)
-            group_versions = archive.behaviour_versions(version, lags)
-            parts, rewards, correct, row_versions, problems = [], [], [], [], []
-            for v in torch.unique(group_versions).tolist():
-                b = collect(archive.get(v), tok, task, cfg, rng, gen, dev, prompts=int((group_versions == v).sum()))
-                parts.append(b.rollout)
-                rewards.append(b.rewards)
-                correct.append(b.correct)
-                problems += b.problems
-                row_versions.append(torch.full((len(b.rollout),), v, dtype=torch.long))
-            ro = _cat(parts)
-            rewards, correct, row_versions = torch.cat(rewards).to(dev), torch.cat(correct), torch.cat(row_versions)
-        else:
-            got = pool.get(cfg.prompts_per_step, timeout=timeout)
-            consumed += [(step, x.actor, x.seq, x.version, x.lag) for x in got]
-            b, row_versions = merge_batches(got)
-            if len(b.rollout) != cfg.prompts_per_step * G:
-                raise ValueError(f"train_lagged: the pool's samples gave {len(b.rollout)} rows; expected one group of "
-                                 f"cfg.group_size = {G} per sample (GroupSampler(group_size={G}, prompts=1))")
-            ro, rewards, correct, problems = _select(b.rollout, torch.arange(len(b.rollout))), b.rewards.to(dev), \
-                b.correct, b.problems
-            ro = Rollout(*(x.to(dev) for x in (ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.mask, ro.logprobs,
-                                               ro.model_logprobs, ro.finished)))
-        age = (version - row_versions).to(dev)
-        mask = ro.mask
-        N = mask.shape[0]
-        with torch.no_grad():
-            lb = ro.model_logprobs
-            logp_all = torch.log_softmax(_positions(model, ro).float(), -1)
-            lp_k = logp_all.gather(-1, ro.response_ids[..., None]).squeeze(-1) * mask
-            lp_k = torch.where((age == 0)[:, None], lb, lp_k)
-            log_rhos = (lp_k - lb) * mask
-            values, q_taken = _critic_outputs(critic, lagged.critic, logp_all, ro)
-            values = values * mask
-            q_taken = None if q_taken is None else q_taken * mask
-            not_last = torch.zeros_like(mask)
-            not_last[:, :-1] = mask[:, 1:]
-            discounts = cfg.gamma * not_last
-            next_values = _shift_left(values) * not_last
-            tok_rewards = torch.zeros_like(mask)
-            last = (mask.sum(-1).long() - 1).clamp_min(0)
-            tok_rewards[torch.arange(N, device=dev), last] = rewards
-            args = (log_rhos, tok_rewards, values, next_values, discounts)
-
-            def targets(target, clip_rho, args=args, q_taken=q_taken):
-                return offpolicy_targets(target, *args, q_taken=q_taken if target == "retrace" else None,
-                                     lam=cfg.lam, clip_rho=clip_rho, clip_c=lagged.clip_c)
-
-            q_tgt, v_tgt, adv = targets(lagged.target, lagged.clip_rho)
-            q_tgt, v_tgt = q_tgt * mask, v_tgt * mask
-            adv = normalize_advantages(adv, mask) if lagged.normalize else adv * mask
-            s_hat = float(staleness(lp_k, lb, mask))
-            if lagged.probe_every is not None and step % lagged.probe_every == 0:
-                pr = torch.linspace(0, N - 1, min(lagged.probe_rows, N)).round().long().unique()
-                truth = continuation_values(model, tok, task, _select(ro, pr.to(dev)), [problems[i] for i in pr],
-                                            lagged.probe_continuations, probe_gen)
-                est = {"critic": values[pr].cpu()}
-                for name, (tgt, crho) in PROBES.items():
-                    if tgt == "retrace" and q_taken is None:
-                        continue
-                    est[name] = (targets(tgt, crho)[1] * mask)[pr].cpu()
-                probes.append(dict(step=step, age=age[pr].cpu(), mask=mask[pr].cpu(), truth=truth,
-                                   n=lagged.probe_continuations, estimates=est))
-        model.train()
-        n_groups = N // G
-        plosses, vlosses, clips = [], [], []
-        for _ in range(cfg.epochs):
-            order = torch.randperm(n_groups, generator=gen)
-            for chunk in order.chunk(min(cfg.minibatches, max(1, n_groups))):
-                rows = (chunk[:, None] * G + torch.arange(G)).flatten().to(dev)
-                m = mask[rows]
-                logits = _positions(model, ro, rows)
-                logp = torch.log_softmax(logits.float(), -1).gather(-1, ro.response_ids[rows][..., None]).squeeze(-1)
-                logp = logp * m
-                loss, st = clipped_policy_loss(lagged.method, logp, lp_k[rows], lb[rows], adv[rows], cfg.clip_eps,
-                                               mask=m, aggregation=cfg.aggregation)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                clip_grad(params, cfg.grad_clip)
-                opt.step()
-                v, q = _critic_outputs(critic, lagged.critic, logp_all[rows], ro, rows)
-                pred, tgt = (v, v_tgt[rows]) if q is None else (q, q_tgt[rows])
-                vloss = cfg.value_coef * 0.5 * (((pred - tgt) ** 2) * m).sum() / m.sum().clamp_min(1.0)
-                vopt.zero_grad(set_to_none=True)
-                vloss.backward()
-                clip_grad(critic.parameters(), cfg.grad_clip)
-                vopt.step()
-                plosses.append(loss.item())
-                vlosses.append(vloss.item())
-                clips.append(float(st["clip_fraction"]))
-        model.eval()
-        train_time += time.perf_counter() - t0
-        for k, x in (("reward", float(rewards.mean())), ("accuracy", float(correct.float().mean())),
-                     ("mean_age", float(age.float().mean())), ("staleness", s_hat),
-                     ("clip_fraction", float(np.mean(clips)) if clips else math.nan),
-                     ("policy_loss", float(np.mean(plosses)) if plosses else math.nan),
-                     ("value_loss", float(np.mean(vlosses)) if vlosses else math.nan), ("train_seconds", train_time)):
-            hist[k].append(x)
-        if verbose:
-            print(f"step {step:3d} reward {hist['reward'][-1]:.3f} age {hist['mean_age'][-1]:.2f} "
-                  f"S {s_hat:.4f} vloss {hist['value_loss'][-1]:.4f}")
-        version += 1
-        if pool is None:
-            archive.push(version, model)
-        else:
-            pool.publish(model.state_dict(), version=version)
-        if (step + 1) % cfg.eval_every == 0 or step == cfg.steps - 1:
-            run_eval(step + 1)
-    return LaggedResult(model=model, critic=critic, history=hist, evals=evals, probes=probes, config=cfg,
-                        lagged=lagged, consumed=consumed)
-
-
-def _select(ro: Rollout, idx) -> Rollout:
-    return Rollout(*(getattr(ro, f)[idx] for f in ("prompt_ids", "prompt_mask", "response_ids", "mask",
-                                                   "logprobs", "model_logprobs", "finished")))
-
+    cfg, lagged = _check_lagged_args(cfg, lagged, pool, timeout)
+    probes = [] if lagged.probe_every is None else \
+        [ValueProbes(lagged.probe_every, lagged.probe_rows, lagged.probe_continuations)]
+    res = train(model, tok, task, cfg, sampler=Lagged(lagged.lag) if pool is None else Pool(pool, timeout),
+                advantages=OffPolicy(lagged.target, lagged.critic, clip_rho=lagged.clip_rho, clip_c=lagged.clip_c,
+                                     normalize=lagged.normalize, gamma=cfg.gamma, lam=cfg.lam, coef=cfg.value_coef),
+                loss=ClippedLoss(lagged.method), hooks=probes,
+                evaluation=HeldOut(eval_problems, sampled=False, rewards=False), verbose=verbose)
+    res.extras = {"probes": [], "consumed": [], **res.extras}
+    return LaggedResult(**vars(res), lagged=lagged)

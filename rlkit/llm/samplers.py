@@ -1,7 +1,7 @@
 r"""Where a training step's responses come from: the current policy, lagged versions of it, or actors.
 
 Chapters: 07_tiny_llm (:class:`Fresh`), 12_clipping_staleness and 24_pitfalls_recipe (:class:`Lagged`),
-16_offpolicy_multistep (:class:`Lagged` and the actor pool of :mod:`rlkit.distributed`).
+16_offpolicy_multistep (:class:`Lagged`, and :class:`Pool` for the actors of :mod:`rlkit.distributed`).
 
 A sampler is called once per update by :func:`rlkit.llm.train` as ``sampler(run) -> Step`` and fills
 in what the rest of the loop needs to know about the data (:class:`rlkit.llm.trainer.Step`):
@@ -23,7 +23,7 @@ from ..staleness import LagDistribution, PolicyArchive
 from .rl import collect
 from .sampling import cat_rollouts, token_logprobs
 
-__all__ = ["Fresh", "Lagged"]
+__all__ = ["Fresh", "Lagged", "Pool"]
 
 
 class Fresh:
@@ -131,3 +131,68 @@ class Lagged:
     def publish(self, run) -> None:
         run.version += 1
         self.archive.push(run.version, run.model)
+
+
+def _learner_logprobs(run, ro, age: torch.Tensor) -> torch.Tensor:
+    """``log pi_k`` of the sampled tokens under the learner's weights; the behaviour's own numbers on fresh rows."""
+    with torch.no_grad():
+        lp_k = token_logprobs(run.model, ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.mask)
+        return torch.where((age == 0)[:, None], ro.model_logprobs, lp_k)
+
+
+class Pool:
+    r"""Consume the samples of an :class:`rlkit.distributed.ActorPool`: ``prompts_per_step`` groups per update.
+
+    The pool's actors sample with whatever version of the weights they last picked up, so the lag
+    is the pool's (its ``lags`` for the simulated backend, the race between the processes for the
+    real ones), not a distribution of the learner's. At set-up the sampler publishes the initial
+    weights as version 0; each update takes ``RLConfig.prompts_per_step`` samples with
+    ``pool.get`` (waiting at most ``timeout`` seconds), stacks them in the order they came
+    (:func:`rlkit.llm.actors.merge_batches`, padded with the run's tokenizer), and after the update
+    publishes the new weights as the next version (``pool.publish``).
+
+    Every sample must be one group of ``RLConfig.group_size`` responses (a
+    :class:`rlkit.llm.actors.GroupSampler` with ``prompts=1`` and the same ``group_size``), so that a
+    minibatch of whole groups is a set of samples. ``logp_behav`` is the actor's
+    ``model_logprobs`` (recorded at sampling time), ``logp_old`` :math:`\log\pi_k` recomputed by the
+    learner (the actor's own numbers on fresh rows), ``age`` the learner's version minus the row's.
+
+    ``result.consumed`` lists ``(update, actor, seq, version, lag)`` of every consumed sample.
+
+    Args:
+        pool: a started :class:`rlkit.distributed.ActorPool` (``with ActorPool(...) as pool``).
+        timeout: seconds to wait for an update's samples (``pool.get``).
+    """
+
+    def __init__(self, pool, timeout: float = 120.0):
+        from ..distributed import ActorPool
+        self.pool = V.instance_of(pool, "pool", ActorPool, "a started rlkit.distributed.ActorPool")
+        self.timeout = V.real_in(timeout, "timeout", 0.0, lo_open=True)
+        self.consumed: list = []
+
+    def setup(self, run) -> None:
+        self.consumed = []
+        self.pool.publish(run.model.state_dict(), version=run.version)
+
+    def __call__(self, run):
+        from .actors import merge_batches
+        from .trainer import Step
+        cfg, G, dev = run.cfg, run.cfg.group_size, run.device
+        got = self.pool.get(cfg.prompts_per_step, timeout=self.timeout)
+        self.consumed += [(run.version, x.actor, x.seq, x.version, x.lag) for x in got]
+        batch, versions = merge_batches(got, run.tok)
+        if len(batch.rollout) != cfg.prompts_per_step * G:
+            raise ValueError(f"Pool: the pool's samples gave {len(batch.rollout)} rows; expected one group of "
+                             f"RLConfig.group_size = {G} per sample (GroupSampler(group_size={G}, prompts=1))")
+        batch.rollout = ro = batch.rollout.to(dev)
+        age = (run.version - versions).to(dev)
+        lp_k = _learner_logprobs(run, ro, age)
+        return Step(batch=batch, logp_old=lp_k, logp_behav=ro.model_logprobs, age=age, mask=ro.mask,
+                    rewards=batch.rewards.to(dev))
+
+    def publish(self, run) -> None:
+        run.version += 1
+        self.pool.publish(run.model.state_dict(), version=run.version)
+
+    def result(self, run) -> dict:
+        return {"consumed": list(self.consumed)}
