@@ -1,13 +1,15 @@
-"""Tests of rlkit.llm.dro (chapter 19): group tasks, DRO weights on per-prompt losses, the trainer."""
+"""Tests of rlkit.llm.dro (chapter 19): group tasks, DRO weights on per-prompt losses, the hook and the wrapper."""
 import random
 
 import pytest
 import torch
 
 from rlkit.dro import cvar, group_dro_step, kl_dro
-from rlkit.llm import GPT, CharTokenizer, GPTConfig, RLConfig, has_carry
+from rlkit.llm import ADDITION, GPT, CharTokenizer, GPTConfig, RLConfig, has_carry, sequence_advantages, train
 from rlkit.llm.dro import (
     ADDITION_GROUPS,
+    DROWeights,
+    GroupAccuracy,
     dro_prompt_weights,
     group_accuracy,
     group_mixture,
@@ -15,6 +17,7 @@ from rlkit.llm.dro import (
     mix_accuracy,
     train_dro,
 )
+from rlkit.llm.trainer import Hook
 
 
 def test_group_mixture_draws_the_asked_shares_and_labels_groups():
@@ -97,18 +100,85 @@ def test_train_dro_runs_and_moves_group_weights_towards_the_worse_group():
     model, tok = _tiny()
     task = group_mixture(ADDITION_GROUPS, {"carry": 0.5, "no carry": 0.5})
     ev = {g: p[:8] for g, p in group_problems(ADDITION_GROUPS, 8).items()}
-    cfg = RLConfig(algo="dr_grpo", steps=2, prompts_per_step=4, group_size=2, eval_every=1)
+    cfg = RLConfig(algo="dr_grpo", steps=2, prompts_per_step=4, group_size=2)
     res = train_dro(model, tok, task, cfg, method="group", step_size=1.0, eval_groups=ev)
-    assert res.evals["step"] == [0, 2] and set(res.evals) == {"step", "carry", "no carry"}
+    assert res.evals["step"] == [0, 2] and set(res.evals) == {"step", "train_seconds", "carry", "no carry"}
     assert len(res.group_weights) == 2 and abs(sum(res.group_weights[-1].values()) - 1) < 1e-9
-    assert all(0.0 <= a <= 1.0 for g in ev for a in res.evals[g])
+    assert all(0.0 <= a <= 1.0 for g in ev for a in res.evals[g]) and res.method == "group"
+    for shares, carry, no_carry in zip(res.history["group_share"], res.history["group_share/carry"],
+                                       res.history["group_share/no carry"]):
+        assert sum(shares.values()) == pytest.approx(1.0) and carry + no_carry == pytest.approx(1.0)
+        assert shares.get("carry", 0.0) == carry and all(x > 0 for x in shares.values())
+    assert train_dro(_tiny()[0], tok, task, cfg, eval_groups=ev, eval_every=1).evals["step"] == [0, 1, 2]
     for m in ("erm", "kl", "cvar"):
         r = train_dro(_tiny()[0], tok, task, cfg.replace(steps=1), method=m)
-        assert len(r.history["reward"]) == 1 and r.group_weights == []
+        assert len(r.history["reward"]) == 1 and r.group_weights == [] and r.evals["step"] == []
     with pytest.raises(ValueError, match="dr_grpo"):
         train_dro(model, tok, task, cfg.replace(algo="grpo"))
     with pytest.raises(ValueError, match="method"):
         train_dro(model, tok, task, cfg, method="tv")
+
+
+@pytest.mark.parametrize("field,value", [
+    ("kl_estimator", "k1"), ("kl_in", "reward"), ("log_kl", True), ("gamma", 0.9), ("lam", 0.5), ("value_lr", 1e-3),
+    ("value_coef", 0.5), ("value_target", "mc"), ("value_nstep", 2), ("value_lam", 0.5), ("token_rewards", True),
+    ("eval_every", 1), ("eval_problems", 8)])
+def test_the_wrapper_refuses_the_fields_it_never_read(field, value):
+    # rlkit 0.2's train_dro accepted these and ignored them (no KL, no critic, its own evaluation schedule)
+    model, tok = _tiny()
+    task = group_mixture(ADDITION_GROUPS, {"carry": 0.5, "no carry": 0.5})
+    cfg = RLConfig(algo="dr_grpo", steps=1, prompts_per_step=2, group_size=2)
+    with pytest.raises(ValueError, match=f"train_dro does not read RLConfig.{field} "):
+        train_dro(model, tok, task, cfg.replace(**{field: value}))
+    train_dro(model, tok, task, cfg.replace(log_kl=False))          # no reference model: what it does anyway
+
+
+class Probe(Hook):
+    def __init__(self):
+        self.seen = []
+
+    def on_advantages(self, run, step):
+        self.seen.append((step.batch, step.adv.clone(), step.rollout.mask.clone()))
+
+
+@pytest.mark.parametrize("method", ["erm", "group", "kl", "cvar"])
+def test_the_hook_scales_each_prompts_group_advantage_by_its_weight(method):
+    model, tok = _tiny()
+    task = group_mixture(ADDITION_GROUPS, {"carry": 0.5, "no carry": 0.5})
+    cfg = RLConfig(algo="dr_grpo", steps=2, prompts_per_step=4, group_size=4)
+    hook, probe = DROWeights(method, step_size=2.0, eps=0.3, alpha=0.5, groups=["carry", "no carry"]), Probe()
+    q_before = []
+
+    class Q(Hook):                      # the adversary's weights as the hook will find them
+        def on_batch(self, run, step):
+            q_before.append(dict(hook.q))
+
+    res = train(model, tok, task, cfg, hooks=[Q(), hook, probe], evaluation=False)
+    for k, (batch, adv, mask) in enumerate(probe.seen):
+        groups = [p.info["group"] for p in batch.problems[::4]]
+        q = res.group_weights[k] if method == "group" else None
+        w = dro_prompt_weights(batch.rewards, 4, groups, method, q=q, eps=0.3, alpha=0.5)
+        want = (sequence_advantages(batch.rewards, "dr_grpo", 4) * w)[:, None] * mask
+        assert torch.allclose(adv, want, atol=1e-7)
+        if method == "group":              # one exponentiated-gradient step from the previous weights
+            prev = q_before[k] if k else {"carry": 0.5, "no carry": 0.5}
+            rates = batch.rewards.double().view(-1, 4).mean(1)
+            v = torch.tensor([float(rates[[i for i, g in enumerate(groups) if g == h]].mean()) if h in groups
+                              else float("nan") for h in ("carry", "no carry")], dtype=torch.float64)
+            step = group_dro_step(torch.tensor([prev["carry"], prev["no carry"]], dtype=torch.float64), v, 2.0)
+            assert [res.group_weights[k]["carry"], res.group_weights[k]["no carry"]] == pytest.approx(step.tolist())
+    assert (res.group_weights == []) == (method != "group")
+
+
+def test_group_accuracy_is_an_evaluation_and_the_hook_needs_groups():
+    model, tok = _tiny()
+    ev = {g: p[:4] for g, p in group_problems(ADDITION_GROUPS, 4, seed=2).items()}
+    task = group_mixture(ADDITION_GROUPS, {"carry": 0.5, "no carry": 0.5})
+    cfg = RLConfig(algo="dr_grpo", steps=2, prompts_per_step=2, group_size=2, eval_every=1)
+    res = train(model, tok, task, cfg, hooks=[DROWeights("group")], evaluation=GroupAccuracy(ev))
+    assert res.evals["step"] == [0, 1, 2] and res.evals["carry"][-1] == group_accuracy(model, tok, ev)["carry"]
+    with pytest.raises(ValueError, match="group"):
+        train(_tiny()[0], tok, ADDITION, cfg, hooks=[DROWeights("erm")], evaluation=False)
 
 
 def test_group_accuracy_matches_a_slow_loop():

@@ -53,15 +53,17 @@ def test_cost_constraint_with_a_shield():
     assert all(math.isfinite(x) for x in res.array("cost_value_loss")) and res.nu == res.array("nu")[-1]
 
 
-def test_dro_trainer():
-    from rlkit.llm.dro import ADDITION_GROUPS, group_mixture, train_dro
+def test_dro_weights():
+    from rlkit.llm import train
+    from rlkit.llm.dro import ADDITION_GROUPS, DROWeights, GroupAccuracy, group_mixture, group_problems
 
     lm, tok = hf_model()
     before = snapshot(lm)
     task = group_mixture(ADDITION_GROUPS, {"carry": 0.5, "no carry": 0.5})
     cfg = RLConfig(algo="dr_grpo", steps=2, prompts_per_step=4, group_size=2, eval_every=2)
-    res = train_dro(lm, tok, task, cfg, method="group")
-    assert moved(before, lm) and len(res.group_weights) == 2
+    ev = {g: p[:4] for g, p in group_problems(ADDITION_GROUPS, 4).items()}
+    res = train(lm, tok, task, cfg, hooks=[DROWeights("group")], evaluation=GroupAccuracy(ev))
+    assert moved(before, lm) and len(res.group_weights) == 2 and res.evals["step"] == [0, 2]
 
 
 def test_explore_bonuses_with_rnd_on_a_frozen_encoder():

@@ -8,10 +8,12 @@ do not. :func:`group_mixture` builds a :class:`~rlkit.llm.Task` that draws a gro
 probabilities, then a prompt of that group, and records the group in ``Problem.info["group"]``;
 the held-out split is the usual hash of the prompt, so pretraining never saw the test prompts.
 
-**DRO weights on per-prompt losses.** :func:`train_dro` is the Dr. GRPO trainer of
-:func:`rlkit.llm.train` (same sampling, advantages :math:`r_i - \bar r_g`, PPO-clip loss,
-``seq-mean-token-sum-norm``) with one change: response :math:`i` of prompt :math:`x` gets a weight
-:math:`w_x \ge 0` with :math:`\frac1N\sum_i w_{x(i)} = 1`, applied by scaling its advantage. For a
+**DRO weights on per-prompt losses.** :class:`DROWeights` is the chapter's hook for the Dr. GRPO of
+:func:`rlkit.llm.train` (``train(..., hooks=[DROWeights("group")])``; same sampling, advantages
+:math:`r_i - \bar r_g`, PPO-clip loss, ``seq-mean-token-sum-norm``) with one change: response
+:math:`i` of prompt :math:`x` gets a weight :math:`w_x \ge 0` with :math:`\frac1N\sum_i w_{x(i)} = 1`,
+applied by scaling its advantage (:func:`dro_prompt_weights`). :class:`GroupAccuracy` is its held-out
+evaluation, and :func:`train_dro` the rlkit 0.2 name of that call, kept for one release. For a
 positive weight the clipped objective is linear in the advantage,
 :math:`\min(\rho\,wA, \mathrm{clip}(\rho)\,wA) = w\min(\rho A, \mathrm{clip}(\rho)A)`, so this is
 exactly the weighted loss :math:`\frac1N\sum_i w_{x(i)}\ell_i`. The weights (``method``):
@@ -33,25 +35,22 @@ that do have signal.
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.nn as nn
 
 from .. import _validate as V
 from ..dro import cvar, group_dro_step, kl_dro
-from ..utils import clip_grad
 from .evaluation import evaluate
-from .rl import RLConfig, _train_args, collect, policy_loss, sequence_advantages
-from .sampling import token_logprobs
+from .rl import RLConfig, refuse_unread
 from .tasks import Problem, Task, addition_problem
 from .tokenizer import CharTokenizer
+from .trainer import Hook, RLResult, train
 
 __all__ = ["ADDITION_GROUPS", "DRO_METHODS", "group_problem", "group_mixture", "group_problems",
-           "group_accuracy", "mix_accuracy", "dro_prompt_weights", "DROTrainResult", "train_dro"]
+           "group_accuracy", "mix_accuracy", "dro_prompt_weights", "DROWeights", "GroupAccuracy", "DROTrainResult",
+           "train_dro"]
 
 #: The weightings :func:`train_dro` knows.
 DRO_METHODS = ("erm", "group", "kl", "cvar")
@@ -178,118 +177,153 @@ def dro_prompt_weights(rewards: torch.Tensor, group_size: int, groups: Sequence[
     return w_prompt.to(rewards.device).repeat_interleave(group_size)
 
 
-@dataclass
-class DROTrainResult:
-    """What :func:`train_dro` returns: the model, per-step logs, group weights over time, evaluations."""
+class DROWeights(Hook):
+    r"""DRO weights on the per-prompt losses: the advantage of prompt :math:`x`'s responses times :math:`w_x`.
 
-    model: nn.Module
-    history: dict          # per step: reward, carry_share (share of batch prompts per group: see group_share)
-    group_weights: list    # adversary weights {group: q} after each step ("group" method; else [])
-    evals: dict            # {"step": [...], group: [greedy accuracy ...]}
-    config: RLConfig
-    method: str
+    After the group advantages, response :math:`i` of prompt :math:`x` gets the weight
+    :math:`w_{x(i)} \ge 0` of :func:`dro_prompt_weights` (mean 1 over the batch) on its advantage. For
+    a positive weight PPO-clip is linear in the advantage,
+    :math:`\min(\rho\,wA, \mathrm{clip}(\rho)\,wA) = w\min(\rho A, \mathrm{clip}(\rho)A)`, so the update
+    minimises the weighted loss :math:`\frac1N\sum_i w_{x(i)}\ell_i`. ``method``:
+
+    * ``"erm"``: :math:`w \equiv 1`;
+    * ``"group"``: group DRO. Adversary weights :math:`q` over the groups (uniform over the groups known
+      so far, ``groups`` and those seen) take one exponentiated-gradient step per batch on the groups'
+      success rates :math:`\hat v_g` (:func:`rlkit.dro.group_dro_step`, step size :math:`\eta` =
+      ``step_size``; a group absent from the batch keeps its share),
+      :math:`q_g \leftarrow q_g e^{-\eta\hat v_g} / \sum_h q_h e^{-\eta\hat v_h}`, and
+      :math:`w_x = q_{g(x)}\,N/N_{g(x)}` (renormalised over the groups present), so the loss is
+      :math:`\sum_g q_g \cdot (\text{mean loss of group } g)`;
+    * ``"kl"``: the worst case over the batch's prompts in a KL ball of radius :math:`\delta` = ``eps``
+      around uniform (:func:`rlkit.dro.kl_dro` on the prompts' success rates :math:`\hat p_x`);
+    * ``"cvar"``: the worst ``alpha`` share of the batch's prompts (:func:`rlkit.dro.cvar`).
+
+    The group of a problem is ``problem.info["group"]`` (:func:`group_mixture`). Use it with
+    ``RLConfig(algo="dr_grpo")``: GRPO's division by each group's standard deviation would reweight the
+    prompts behind DRO's back. Beware a trap of prompt-level weights with binary rewards: a prompt
+    whose responses all fail has :math:`\hat p_x = 0`, the largest weight, and zero advantage, so the
+    weight is spent on nothing; group weights do not have this problem.
+
+    Logged: ``group_share/<group>``, the share of the batch's prompts from each known group.
+    ``result.group_weights``: the adversary's :math:`q` (``{group: weight}``) after each update
+    (``"group"``; else empty).
+
+    Args:
+        method: one of :data:`DRO_METHODS`.
+        step_size: :math:`\eta > 0` of the group adversary (on success rates in [0, 1]).
+        eps, alpha: the KL radius :math:`\delta` and the CVaR tail share :math:`\alpha`.
+        groups: group names the adversary knows from the start (a group the training mix never shows
+            still holds weight), e.g. the held-out groups.
+
+    Chapter: 19_robust_prompts.
+    """
+
+    def __init__(self, method: str = "erm", step_size: float = 1.0, eps: float = 0.5, alpha: float = 0.25,
+                 groups: Sequence[str] = ()):
+        self.method = V.choice(method, "method", DRO_METHODS)
+        self.step_size = V.real_in(step_size, "step_size", 0.0, lo_open=True)
+        self.eps = V.real_in(eps, "eps", 0.0)
+        self.alpha = V.real_in(alpha, "alpha", 0.0, 1.0, lo_open=True)
+        self.groups = list(V.tuple_of(groups, "groups", str, "str"))
+        self.seen: set = set()
+        self.q: dict = {}
+        self.group_weights: list = []
+
+    def setup(self, run) -> None:
+        self.seen, self.q, self.group_weights = set(), {}, []
+
+    @torch.no_grad()
+    def on_advantages(self, run, step) -> None:
+        G, b = run.cfg.group_size, step.batch
+        try:
+            groups = [b.problems[i * G].info["group"] for i in range(len(b.problems) // G)]   # one per prompt
+        except KeyError:
+            raise ValueError("DROWeights needs problems that carry info['group'] (see group_mixture)") from None
+        self.seen.update(groups)
+        if self.method == "group":
+            self.adversary_step(groups, b.rewards.double().view(-1, G).mean(1))
+        w = dro_prompt_weights(b.rewards, G, groups, self.method, q=self.q, eps=self.eps, alpha=self.alpha)
+        step.adv = step.adv * w.to(step.adv.device)[:, None]
+        for g in sorted(self.seen | set(self.groups)):
+            run.log(**{f"group_share/{g}": groups.count(g) / len(groups)})
+
+    def adversary_step(self, groups: list, rates: torch.Tensor) -> None:
+        """Group DRO's step on the prompts' success ``rates``: ``q`` (1 for a new group, normalised), tilted."""
+        known = sorted(self.seen | set(self.groups))
+        q = {g: self.q.get(g, 1.0) for g in known}
+        total = sum(q.values())
+        q = torch.tensor([q[g] / total for g in known], dtype=torch.float64)
+        v = torch.tensor([float(rates[[i for i, h in enumerate(groups) if h == g]].mean()) if g in groups
+                          else float("nan") for g in known], dtype=torch.float64)        # NaN: keeps its share
+        self.q = {g: float(x) for g, x in zip(known, group_dro_step(q, v, self.step_size))}
+        self.group_weights.append(dict(self.q))
+
+    def result(self, run) -> dict:
+        return {"group_weights": list(self.group_weights)}
+
+
+class GroupAccuracy:
+    r"""The held-out evaluation of a DRO run: greedy exact match per group, ``{group: accuracy}``.
+
+    ``train(..., evaluation=GroupAccuracy(problems))`` records one list per group in ``result.evals``
+    (:func:`group_accuracy` on ``{group: [Problem]}``, with the task's response budget unless
+    ``max_new_tokens`` is given). Chapter: 19_robust_prompts.
+    """
+
+    def __init__(self, problems: dict, max_new_tokens: int | None = None):
+        self.problems = V.instance_of(problems, "problems", dict)
+        self.max_new_tokens = None if max_new_tokens is None else V.int_in(max_new_tokens, "max_new_tokens")
+
+    def __call__(self, run) -> dict:
+        n = run.task.max_new_tokens if self.max_new_tokens is None else self.max_new_tokens
+        return group_accuracy(run.model, run.tok, self.problems, n)
+
+
+#: What :func:`train_dro` returns (rlkit 0.2's name): an :class:`rlkit.llm.RLResult`.
+DROTrainResult = RLResult
+
+_NO_CRITIC = "Dr. GRPO has no critic"
+#: The RLConfig fields the rlkit 0.2 trainer did not read (and why).
+_DRO_UNREAD = {
+    "kl_estimator": "it has no KL term", "kl_in": "it has no KL term",
+    "log_kl": ("it runs no reference model", (None, False)),
+    "gamma": _NO_CRITIC, "lam": _NO_CRITIC, "value_lr": _NO_CRITIC, "value_coef": _NO_CRITIC,
+    "value_target": _NO_CRITIC, "value_nstep": _NO_CRITIC, "value_lam": _NO_CRITIC,
+    "token_rewards": "its reward is the response's checker reward",
+    "eval_every": "it evaluates every eval_every (its own argument) updates, by default only at the end",
+    "eval_problems": "it evaluates on eval_groups",
+}
 
 
 def train_dro(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig, *, method: str = "erm",
               step_size: float = 1.0, eps: float = 0.5, alpha: float = 0.25,
-              eval_groups: dict | None = None, eval_every: int | None = None) -> DROTrainResult:
-    r"""Dr. GRPO on ``task`` with DRO weights on the per-prompt losses (the module docstring).
+              eval_groups: dict | None = None, eval_every: int | None = None) -> RLResult:
+    r"""Dr. GRPO with DRO weights: ``train(..., hooks=[DROWeights(method)], evaluation=GroupAccuracy(eval_groups))``.
 
-    Args:
-        model: the LM (trained in place). tok: its tokenizer.
-        task: a task whose problems carry ``info["group"]`` (:func:`group_mixture`).
-        cfg: an :class:`~rlkit.llm.RLConfig` with ``algo="dr_grpo"`` (the only one supported here,
-            so that per-group std normalisation does not reweight prompts behind DRO's back) and
-            ``kl_coef == 0``.
-        method: one of :data:`DRO_METHODS`.
-        step_size: :math:`\eta` of the group-DRO adversary (on success rates in [0, 1]).
-        eps, alpha: the KL radius :math:`\delta` and the CVaR tail share :math:`\alpha` of the
-            prompt-level methods.
-        eval_groups: ``{group: [Problem]}`` held-out sets for :func:`group_accuracy`, measured
-            before training, every ``eval_every`` steps (default: only at the end) and after the last.
+    The rlkit 0.2 name of chapter 19's call, kept for one release. ``cfg.algo`` must be
+    ``"dr_grpo"`` with ``kl_coef == 0``, and the fields this trainer does not read must keep their
+    defaults (the KL's and the critic's, ``token_rewards``, ``eval_every``, ``eval_problems``).
+    ``eval_groups`` (``{group: [Problem]}``) is evaluated before training, every ``eval_every``
+    updates (default: only at the end) and after the last, and its groups are known to the
+    adversary from the start. Returns an :class:`rlkit.llm.RLResult` with extras ``group_weights``
+    and ``method``; ``history["group_share"]`` holds each update's ``{group: share}`` of the groups
+    present (rlkit 0.2's form of the ``group_share/<group>`` keys).
 
-    Returns:
-        :class:`DROTrainResult`. Chapter: 19_robust_prompts.
+    Chapter: 19_robust_prompts.
     """
-    cfg = _train_args(tok, task, cfg)
+    V.instance_of(cfg, "cfg", RLConfig)
     V.choice(method, "method", DRO_METHODS)
     if cfg.algo != "dr_grpo":
         raise ValueError(f"train_dro supports cfg.algo='dr_grpo' only, got {cfg.algo!r}")
     if cfg.kl_coef > 0:
         raise ValueError("train_dro has no KL term: use cfg.kl_coef=0")
-    step_size = V.real_in(step_size, "step_size", 0.0, lo_open=True)
-    params = list(model.parameters())
-    dev = params[0].device
-    rng, gen = random.Random(cfg.seed), torch.Generator().manual_seed(cfg.seed)
-    opt = torch.optim.Adam(params, lr=cfg.lr)
-    G = cfg.group_size
-    names = sorted(eval_groups) if eval_groups else []
-    q: dict = {}
-    hist = {"reward": [], "train_seconds": [], "group_share": []}
-    weights_log: list = []
-    evals: dict = {"step": [], **{g: [] for g in names}}
+    refuse_unread(cfg, "train_dro", _DRO_UNREAD)
     every = cfg.steps if eval_every is None else V.int_in(eval_every, "eval_every")
-
-    def run_eval(step):
-        if not eval_groups:
-            return
-        acc = group_accuracy(model, tok, eval_groups, task.max_new_tokens)
-        evals["step"].append(step)
-        for g in names:
-            evals[g].append(acc[g])
-
-    run_eval(0)
-    t_train = 0.0
-    for step in range(cfg.steps):
-        t0 = time.perf_counter()
-        model.eval()
-        batch = collect(model, tok, task, cfg, rng, gen, dev)
-        ro, mask = batch.rollout, batch.rollout.mask
-        N = mask.shape[0]
-        groups = [batch.problems[i * G].info["group"] for i in range(N // G)]
-        for g in groups:
-            q.setdefault(g, None)
-        if method == "group":
-            known = sorted(set(q) | set(names))
-            for g in known:
-                if q.get(g) is None:
-                    q[g] = 1.0
-            total = sum(q[g] for g in known)
-            qt = torch.tensor([q[g] / total for g in known], dtype=torch.float64)
-            r = batch.rewards.double().view(-1, G).mean(1)
-            vals = torch.tensor([float(r[[i for i, h in enumerate(groups) if h == g]].mean())
-                                 if g in groups else float("nan") for g in known], dtype=torch.float64)
-            qt = group_dro_step(qt, vals, step_size)
-            q = {g: float(x) for g, x in zip(known, qt)}
-            weights_log.append(dict(q))
-        with torch.no_grad():
-            old = ro.model_logprobs if cfg.temperature == 1.0 else token_logprobs(
-                model, ro.prompt_ids, ro.prompt_mask, ro.response_ids, mask, temperature=cfg.temperature)
-            adv = sequence_advantages(batch.rewards.to(dev), cfg.algo, G)
-            w = dro_prompt_weights(batch.rewards, G, groups, method, q=q, eps=eps, alpha=alpha).to(dev)
-            adv_tok = (adv * w)[:, None].expand_as(mask) * mask
-        model.train()
-        n_groups = N // G
-        for _ in range(cfg.epochs):
-            order = torch.randperm(n_groups, generator=gen)
-            for chunk in order.chunk(min(cfg.minibatches, max(1, n_groups))):
-                rows = (chunk[:, None] * G + torch.arange(G)).flatten().to(dev)
-                m = mask[rows]
-                logp = token_logprobs(model, ro.prompt_ids[rows], ro.prompt_mask[rows], ro.response_ids[rows], m,
-                                      temperature=cfg.temperature)
-                loss, _ = policy_loss(cfg, logp, old[rows], adv_tok[rows], m)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                clip_grad(params, cfg.grad_clip)
-                opt.step()
-        model.eval()
-        t_train += time.perf_counter() - t0
-        hist["reward"].append(batch.rewards.mean().item())
-        hist["train_seconds"].append(t_train)
-        hist["group_share"].append({g: groups.count(g) / len(groups) for g in set(groups)})
-        if (step + 1) % every == 0 and step + 1 != cfg.steps:
-            run_eval(step + 1)
-    run_eval(cfg.steps)
-    for k in hist:
-        hist[k] = hist[k] if k == "group_share" else list(np.asarray(hist[k], dtype=float))
-    return DROTrainResult(model, hist, weights_log, evals, cfg, method)
+    hook = DROWeights(method, step_size, eps, alpha, groups=sorted(eval_groups) if eval_groups else ())
+    res = train(model, tok, task, cfg.replace(eval_every=every), hooks=[hook],
+                evaluation=GroupAccuracy(eval_groups) if eval_groups else False)
+    shares = {k[len("group_share/"):]: v for k, v in res.history.items() if k.startswith("group_share/")}
+    res.history["group_share"] = [{g: xs[i] for g, xs in shares.items() if xs[i] > 0}
+                                  for i in range(len(res.history["reward"]))]
+    res.extras["method"] = method
+    return res
