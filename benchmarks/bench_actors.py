@@ -4,7 +4,7 @@
     python benchmarks/bench_actors.py --repeats 5 --updates 40 --json out.json
 
 One *sample* is one group: ``--group-size`` responses to one training prompt of the addition task
-(:class:`rlkit.distributed.GroupSampler`, behaviour log-probs recorded). The learner takes
+(:class:`rlkit.llm.actors.GroupSampler`, behaviour log-probs recorded). The learner takes
 ``--per-update`` groups per update (a batch of per-update x group-size responses, the same shape
 for every contender), does one real GRPO step on them (group-normalised advantages, PPO-clip of
 the ratio to the behaviour log-probs, one Adam step) and publishes its weights as the next version.
