@@ -242,3 +242,14 @@ def test_constraint_report_shielded_vs_not(base):
     raw = constraint_report(model, tok, FORBIDDEN_ADDITION, probs, generator=torch.Generator().manual_seed(0))
     assert raw["cost"] > 0.0
     assert raw["cost"] == pytest.approx(sum("13" in r or "14" in r for r in raw["responses"]) / 128)
+
+
+def test_channel_losses_are_logged_with_the_value_coef(base):
+    # the critic's loss is value_coef * sum over channels of 1/2 mean (V - target)^2; each logged term carries the
+    # coefficient, as TokenGAE's value_loss does without channels (rlkit 0.2's trainer logged them without it)
+    _, tok = base
+    one = CFG.replace(steps=1)
+    runs = [train(load_pretrained()[0], tok, FORBIDDEN_ADDITION, one.replace(value_coef=c),
+                  hooks=[CostConstraint("cost", 1.0)], evaluation=False) for c in (1.0, 0.5)]
+    for key in ("value_loss", "cost_value_loss"):
+        assert runs[1].array(key)[0] == 0.5 * runs[0].array(key)[0] and runs[0].array(key)[0] > 0
