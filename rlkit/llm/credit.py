@@ -131,6 +131,10 @@ def dense_rewards(task: Task, tok: CharTokenizer, response_ids: Tensor, mask, pr
         raise ValueError(f"checker {checker!r} is not one of the token checkers of task {task.name!r} "
                          f"({list(task.token_checkers)})")
     fn = task.token_checkers[checker]
+    if len(tok.itos) < tok.vocab_size:
+        raise ValueError(f"dense_rewards reads one character per token, so tok must be a character tokenizer "
+                         f"(rlkit.llm.CharTokenizer); {type(tok).__name__} has no character for its "
+                         f"{tok.vocab_size} ids (a Hugging Face tokenizer's tokens are not single characters)")
     out = torch.zeros(response_ids.shape, dtype=torch.float32)
     lengths = m.sum(-1).long().tolist()
     for i, (row, L, p) in enumerate(zip(response_ids.tolist(), lengths, problems)):
