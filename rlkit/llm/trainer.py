@@ -314,6 +314,11 @@ class Run:
         if value_loss is not None:
             st["value_loss"].append(value_loss)
 
+    def minibatch_stats(self) -> dict:
+        """This update's numbers so far, one entry per minibatch (``loss``, ``clip_fraction``, ``entropy``,
+        ``grad_norm``, ``value_loss``): for a hook that acts on them in ``on_update_end`` (a guard)."""
+        return {k: list(v) for k, v in self._stats.items()}
+
     # --- the log ----------------------------------------------------------------------------------
     def log(self, **metrics) -> None:
         """Record metrics of the current update (one value per key and update)."""
