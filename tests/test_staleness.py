@@ -541,7 +541,7 @@ def test_stale_ppo_rollback_fires_and_restores():
 
 
 def test_stale_grpo_short_run():
-    from rlkit.llm import ADDITION, RLConfig, load_pretrained
+    from rlkit.llm import ADDITION, RLConfig, RLResult, load_pretrained
     from rlkit.llm.stale import train_stale_grpo
     out = []
     for method in ("standard", "decoupled"):
@@ -555,10 +555,110 @@ def test_stale_grpo_short_run():
     r = train_stale_grpo(model, tok, ADDITION, RLConfig(steps=3, prompts_per_step=4, group_size=4, eval_every=3,
                                                         eval_problems=16),
                          StaleTrainingConfig(method="adaptive", lag=1, eps_stale=0.5))
+    assert isinstance(r, RLResult) and r.stale.eps_stale == 0.5 and r.alerts == [] and r.rollbacks == []
     assert r.history["mean_age"] == [0.0, 1.0, 1.0] and r.history["staleness"][0] == 0.0
-    assert r.evals["step"] == [0, 3]
+    # the KL between the policy before and after an update is kl_update; kl is the reference KL (none here)
+    assert "kl" not in r.history and all(x >= 0 for x in r.history["kl_update"])
+    assert r.evals["step"] == [0, 3] and "sampled_accuracy" not in r.evals
     with pytest.raises(ValueError, match="algo"):
         train_stale_grpo(model, tok, ADDITION, RLConfig(algo="ppo"))
+
+
+def _tiny_stale_cfg(**kw):
+    from rlkit.llm import RLConfig
+    return RLConfig(**{**dict(steps=3, prompts_per_step=4, group_size=4, eval_every=3, eval_problems=16), **kw})
+
+
+def test_stale_grpo_is_train_with_the_lagged_sampler_the_stale_loss_and_the_control_hook():
+    # the wrapper is the chapter's one call, number for number
+    from rlkit.llm import ADDITION, load_pretrained, train
+    from rlkit.llm.samplers import Lagged
+    from rlkit.llm.stale import StaleControl, StaleLoss, train_stale_grpo
+    from rlkit.llm.trainer import HeldOut
+    stale = StaleTrainingConfig(method="decoupled", lag=LagDistribution.uniform(2), version_window=2,
+                                clip_schedule="age")
+    model, tok = load_pretrained()
+    a = train_stale_grpo(model, tok, ADDITION, _tiny_stale_cfg(), stale, eval_sampled=True)
+    model, tok = load_pretrained()
+    b = train(model, tok, ADDITION, _tiny_stale_cfg(), sampler=Lagged(stale.lag), loss=StaleLoss(stale),
+              hooks=[StaleControl(stale)], evaluation=HeldOut(sampled=True, seed_offset=2))
+    strip = lambda d: {k: [float(x).hex() for x in v] for k, v in d.items() if k != "train_seconds"}  # noqa: E731
+    assert strip(a.history) == strip(b.history) and strip(a.evals) == strip(b.evals)
+    assert set(a.evals) >= {"greedy_accuracy", "sampled_accuracy"}
+
+
+# every RLConfig field train_stale_grpo does not read, with a value that would otherwise be silently ignored
+IGNORED_BY_STALE_GRPO = dict(clip_eps=0.1, clip_eps_high=0.3, kl_coef=0.1, kl_estimator="k1", kl_in="reward",
+                             log_kl=True, temperature=0.7, top_k=5, top_p=0.9, dynamic_sampling=True,
+                             max_sample_rounds=2, token_rewards=True, gamma=0.9, lam=0.5, value_lr=1e-3,
+                             value_coef=0.5, value_target="mc", value_nstep=2, value_lam=0.5)
+
+
+@pytest.mark.parametrize("field", sorted(IGNORED_BY_STALE_GRPO))
+def test_stale_grpo_refuses_the_rlconfig_fields_it_does_not_read(field):
+    from rlkit.llm import ADDITION, load_pretrained
+    from rlkit.llm.stale import train_stale_grpo
+    model, tok = load_pretrained()
+    cfg = _tiny_stale_cfg(**{field: IGNORED_BY_STALE_GRPO[field]})
+    with pytest.raises(ValueError, match=rf"RLConfig\.{field} "):
+        train_stale_grpo(model, tok, ADDITION, cfg, StaleTrainingConfig(lag=1))
+
+
+def test_stale_grpo_accepts_the_explicit_off_of_the_switches_it_does_not_use():
+    from rlkit.llm import ADDITION, load_pretrained
+    from rlkit.llm.stale import train_stale_grpo
+    model, tok = load_pretrained()
+    r = train_stale_grpo(model, tok, ADDITION, _tiny_stale_cfg(steps=1, log_kl=False, dynamic_sampling=False),
+                         StaleTrainingConfig(lag=1))
+    assert len(r.history["loss"]) == 1
+
+
+def test_stale_control_rollback_halves_the_lr_and_empties_the_sampler_archive():
+    # a KL ceiling no update can meet: the first update is rolled back to update 0 (the weights before
+    # training), the learning rate is halved, and the next batch comes from the restored weights only
+    # (age 0) although the lag is 1; the second rollback is one too many and stops the run
+    from rlkit.llm import ADDITION, load_pretrained
+    from rlkit.llm.stale import train_stale_grpo
+    model, tok = load_pretrained()
+    stale = StaleTrainingConfig(method="adaptive", lag=1, thresholds=(Threshold("kl", max=1e-12),),
+                                on_alert="rollback", max_rollbacks=1, rollback_lr_factor=0.5)
+    r = train_stale_grpo(model, tok, ADDITION, _tiny_stale_cfg(), stale)
+    h = r.history
+    assert r.rollbacks == [(0, 0)] and [a.step for a in r.alerts] == [0, 1]
+    assert h["rolled_back"] == [1.0, 0.0] and h["alerts"] == [1.0, 1.0]
+    assert h["lr"] == [1e-4, 0.5e-4] and h["mean_age"] == [0.0, 0.0]
+    assert r.evals["step"] == [0, 2]                          # a stopped run is evaluated where it stopped
+    fresh, _ = load_pretrained()                            # the stop keeps the update after the rollback
+    assert not all(torch.equal(p, q) for p, q in zip(fresh.state_dict().values(), model.state_dict().values()))
+
+
+def test_stale_control_narrows_the_mask_after_the_advantages():
+    # the window and the filter narrow step.mask (what the update trains on) and leave the advantages, which
+    # were computed over every sampled response, alone; drop_share is the share of tokens removed
+    from rlkit.llm.stale import StaleControl
+    from rlkit.llm.trainer import Step
+
+    class _Run:
+        def __init__(self):
+            self.logged = {}
+
+        def log(self, **kw):
+            self.logged.update(kw)
+
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0]])
+    lb = torch.zeros(4, 3)
+    lk = torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.9, 0.0], [0.1, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    adv = torch.ones(4, 3) * mask
+    ro = type("Ro", (), {"mask": mask})()
+    step = Step(batch=type("B", (), {"rollout": ro})(), logp_old=lk, logp_behav=lb, age=torch.tensor([0, 1, 2, 3]),
+                mask=mask, rewards=torch.zeros(4), adv=adv.clone())
+    run = _Run()
+    stale = StaleTrainingConfig(lag=LagDistribution.uniform(3), version_window=3, eps_stale=0.5)
+    StaleControl(stale).on_advantages(run, step)
+    keep = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 1.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    assert torch.equal(step.mask, keep) and torch.equal(step.adv, adv) and torch.equal(step.rollout.mask, mask)
+    assert run.logged["drop_share"] == pytest.approx(1 - 5 / 8) and run.logged["mean_age"] == 1.5
+    assert run.logged["staleness"] == pytest.approx(float(staleness(lk, lb, mask)))
 
 
 def test_alert_action_follows_on_alert_and_max_rollbacks():
