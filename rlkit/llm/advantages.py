@@ -28,6 +28,7 @@ from ..staleness import staleness
 from .credit import VALUE_TARGETS, value_targets
 from .heads import LogitHead, ValueHead, response_positions
 from .rl import ALGOS, sequence_advantages
+from .sampling import apply_logits_processor
 
 __all__ = ["Group", "TokenGAE", "OffPolicy"]
 
@@ -201,6 +202,24 @@ def _shift_left(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([x[..., 1:], torch.zeros_like(x[..., :1])], dim=-1)
 
 
+def _processed(logits: torch.Tensor, ro, processor) -> torch.Tensor:
+    """The response positions' ``logits [N, T, V]`` through a logits processor, position by position.
+
+    ``processor`` None returns them as they are.
+
+    Each position's context is the prompt and the response before it, as when sampling; padded
+    positions are processed with zero logits (as :func:`rlkit.llm.token_logprobs` does).
+    """
+    if processor is None or logits.shape[1] == 0:
+        return logits
+    logits = logits.masked_fill(~(ro.mask > 0)[..., None], 0.0)
+    P = ro.prompt_ids.shape[1]
+    ids = torch.cat([ro.prompt_ids, ro.response_ids], 1)
+    att = torch.cat([ro.prompt_mask, torch.ones_like(ro.response_ids, dtype=torch.bool)], 1)
+    return torch.stack([apply_logits_processor(processor, ids[:, :P + t], att[:, :P + t], logits[:, t])
+                        for t in range(logits.shape[1])], 1)
+
+
 class OffPolicy:
     r"""Advantages and critic targets for lagged data, corrected towards the learner's policy: V-trace, Retrace or none.
 
@@ -250,10 +269,16 @@ class OffPolicy:
     outputs per position, the reward's first: by default a ``LogitHead`` of shape ``(1 + k, |V|)``
     (``"q"``) or ``(1 + k,)`` (``"v"``). Each channel's signal goes on the response's last token and
     gets its own target and advantage with the same correction, ``gamma`` and ``lam`` (the penalties and
-    bonuses stay on the reward); the raw advantages are left in ``step.data["advantages"]``
-    (``{"reward": ..., name: ...}``, ``[N, T]``) for the hook that combines them, and the estimator
-    returns the reward's. The critic regresses every output in one step (the sum of the channels'
-    squared errors); logged: ``value_loss`` (the reward's term) and ``<name>_value_loss``.
+    bonuses stay on the reward); each channel's advantage, whitened over the batch on its own
+    (``normalize``), is left in ``step.data["advantages"]`` (``{"reward": ..., name: ...}``, ``[N, T]``)
+    for the hook that combines them (chapter 24's :class:`rlkit.llm.safety.CostConstraint` with
+    ``whiten=False``), and the estimator returns the reward's. The critic regresses every output in
+    one step, :math:`\tfrac c2` times the sum of the squared errors over the tokens and the outputs,
+    divided by the number of tokens; logged: ``value_loss`` (the reward's term) and ``<name>_value_loss``.
+
+    **Under the run's logits processor** (``train(..., logits_processor=...)``, a shield) the policy is
+    the processed model: :math:`\pi_k`'s next-token distribution in :math:`V = \sum_a\pi_k Q` is the
+    processed one.
 
     Args:
         target: ``"none"``, ``"vtrace"`` or ``"retrace"`` (:data:`rlkit.llm.lagged.TARGETS`).
@@ -365,7 +390,8 @@ class OffPolicy:
         mask = ro.mask
         logp_all = None
         if self.kind == "q":
-            logp_all = torch.log_softmax(response_positions(run.model, ro).float(), -1)
+            logits = _processed(response_positions(run.model, ro), ro, run.logits_processor)
+            logp_all = torch.log_softmax(logits.float(), -1)
         values, q_taken = self.critic_outputs(ro, logp_all)
         values = values * mask
         q_taken = None if q_taken is None else q_taken * mask
@@ -390,13 +416,14 @@ class OffPolicy:
         q_tgt, v_tgt, adv = targets(self.target, self.clip_rho)
         returns = (q_tgt if self.kind == "q" else v_tgt) * mask
         step.data.update(returns=returns, logp_all=logp_all, values=reward(values), value_estimate=value_estimate)
-        if self.channels:
-            step.data["advantages"] = {name: adv[j] * mask for j, name in enumerate(("reward", *self.channels))}
-            self._channel_losses = {c: [] for c in self.channels}
         run.log(mean_age=float(step.age.float().mean()), staleness=float(staleness(step.logp_old, step.logp_behav,
                                                                                    mask)))
-        adv = reward(adv)
-        return normalize_advantages(adv, mask) if self.normalize else adv * mask
+        if not self.channels:
+            return normalize_advantages(adv, mask) if self.normalize else adv * mask
+        advs = [normalize_advantages(a, mask) if self.normalize else a * mask for a in adv]
+        step.data["advantages"] = dict(zip(("reward", *self.channels), advs))
+        self._channel_losses = {c: [] for c in self.channels}
+        return advs[0]
 
     def fit(self, run, step, rows) -> float:
         """One Adam step of the critic on the minibatch ``rows`` (the squared error of the class docstring)."""
@@ -404,18 +431,19 @@ class OffPolicy:
         logp_all = step.data["logp_all"]
         v, q = self.critic_outputs(step.rollout, None if logp_all is None else logp_all[rows], rows)
         pred, tgt = (v if q is None else q), step.data["returns"][..., rows, :]
-        if not self.channels:
-            vloss = self.coef * 0.5 * (((pred - tgt) ** 2) * m).sum() / m.sum().clamp_min(1.0)
-        else:
-            terms = [0.5 * (((pred[j] - tgt[j]) ** 2) * m).sum() / m.sum().clamp_min(1.0) for j in range(len(pred))]
-            vloss = self.coef * torch.stack(terms).sum()
+        if self.channels:                                        # [n, T, 1 + k]: one sum over every output
+            pred, tgt, m = pred.movedim(0, -1).contiguous(), tgt.movedim(0, -1).contiguous(), m[..., None]
+        err = ((pred - tgt) ** 2) * m
+        vloss = self.coef * 0.5 * err.sum() / m.sum().clamp_min(1.0)
         self.opt.zero_grad(set_to_none=True)
         vloss.backward()
         run.clip(self.critic.parameters())
         self.opt.step()
         if not self.channels:
             return vloss.item()
+        with torch.no_grad():
+            terms = (self.coef * 0.5 * err.sum((0, 1)) / m.sum().clamp_min(1.0)).tolist()
         for name, t in zip(self.channels, terms[1:]):
-            self._channel_losses[name].append(self.coef * t.item())
+            self._channel_losses[name].append(t)
             run.log(**{f"{name}_value_loss": float(np.mean(self._channel_losses[name]))})
-        return self.coef * terms[0].item()
+        return terms[0]

@@ -79,38 +79,52 @@ class Lagged:
     version by version, oldest first. ``logp_old`` is :math:`\log\pi_k` recomputed on every row
     (the sampler's own numbers on fresh rows).
 
+    Under the run's ``logits_processor`` (``train(..., logits_processor=shield)``) the policy is the
+    *processed* model, as for :class:`Fresh`: every version samples through the processor,
+    ``logp_behav`` is the sampler's processed log-probs ``rollout.logprobs`` and ``logp_old`` is
+    :math:`\log\pi_k` recomputed with the processor (chapter 24's shielded recipe).
+
+    ``result.archive`` is the archive after training (its newest ``keep`` versions).
+
     Args:
         lag: a :class:`rlkit.staleness.LagDistribution` or an int (a fixed lag).
         processor: an optional decode-time logits processor for the actors only (e.g. a shield);
-            the learner's ratio still uses the unprocessed model.
+            the learner's ratio still uses the unprocessed model. Not together with the run's
+            ``logits_processor``.
+        keep: how many versions the archive keeps (at least and by default ``lag.max + 1``; more
+            for off-policy checks after training). It changes no sample.
     """
 
-    def __init__(self, lag: LagDistribution | int = 0, processor=None):
+    def __init__(self, lag: LagDistribution | int = 0, processor=None, keep: int | None = None):
         self.lag = lag if isinstance(lag, LagDistribution) else LagDistribution.fixed(lag)
         if processor is not None and not callable(processor):
             raise TypeError(f"processor must be a logits processor (callable) or None, got {type(processor).__name__}")
         self.processor = processor
+        self.keep = self.lag.max + 1 if keep is None else V.int_in(keep, "keep", self.lag.max + 1)
         self.archive = None
 
     def setup(self, run) -> None:
-        self.archive = PolicyArchive(capacity=self.lag.max + 1)
+        if self.processor is not None and run.logits_processor is not None:
+            raise ValueError("Lagged: give a processor to the sampler (the actors only) or to train's "
+                             "logits_processor (the policy), not both")
+        self.archive = PolicyArchive(capacity=self.keep)
         self.gen = run.generator(1)
         self.archive.push(0, run.model)
 
     def reset(self) -> None:
         """Forget the archived versions (a rollback flushes the bad versions' in-flight data)."""
-        self.archive = PolicyArchive(capacity=self.lag.max + 1)
+        self.archive = PolicyArchive(capacity=self.keep)
 
     def __call__(self, run):
         from .trainer import Step
-        cfg, dev = run.cfg, run.device
+        cfg, dev, proc = run.cfg, run.device, run.logits_processor
         lags = self.lag.sample(cfg.prompts_per_step, self.gen)
         group_versions = self.archive.behaviour_versions(run.version, lags)
         parts, rewards, correct, row_versions, problems, responses = [], [], [], [], [], []
         for v in torch.unique(group_versions).tolist():
             n_v = int((group_versions == v).sum())
             b = collect(self.archive.get(v), run.tok, run.task, cfg, run.rng, run.gen, dev, prompts=n_v,
-                        logits_processor=self.processor)
+                        logits_processor=self.processor if proc is None else proc)
             parts.append(b.rollout)
             rewards.append(b.rewards)
             correct.append(b.correct)
@@ -123,14 +137,22 @@ class Lagged:
         age = (run.version - torch.cat(row_versions)).to(dev)
         mask = ro.mask
         with torch.no_grad():
-            lb = ro.model_logprobs
-            lp_k = token_logprobs(run.model, ro.prompt_ids, ro.prompt_mask, ro.response_ids, mask)
+            if proc is None:
+                lb = ro.model_logprobs
+                lp_k = token_logprobs(run.model, ro.prompt_ids, ro.prompt_mask, ro.response_ids, mask)
+            else:                                        # the processed model is the policy
+                lb = ro.logprobs
+                lp_k = token_logprobs(run.model, ro.prompt_ids, ro.prompt_mask, ro.response_ids, mask,
+                                      temperature=cfg.temperature, logits_processor=proc)
             lp_k = torch.where((age == 0)[:, None], lb, lp_k)
         return Step(batch=batch, logp_old=lp_k, logp_behav=lb, age=age, mask=mask, rewards=batch.rewards.to(dev))
 
     def publish(self, run) -> None:
         run.version += 1
         self.archive.push(run.version, run.model)
+
+    def result(self, run) -> dict:
+        return {"archive": self.archive}
 
 
 def _learner_logprobs(run, ro, age: torch.Tensor) -> torch.Tensor:
