@@ -187,7 +187,7 @@ def case_recipe(**kw):
         from rlkit.llm.recipe import RecipeConfig, forbidden_addition, train_recipe
         model, tok = _pretrained()
         cfg = RLConfig(algo="ppo", lam=1.0, steps=3, prompts_per_step=4, group_size=4, lr=2e-4, value_lr=1e-3,
-                       eval_every=3, eval_problems=16, seed=0)
+                       seed=0)
         res = train_recipe(model, tok, forbidden_addition(), cfg, RecipeConfig(**kw))
         return _common(res, {"lam": res.lam})
     return run

@@ -111,5 +111,6 @@ def test_recipe_trainer():
     lm, tok = hf_model()
     before = snapshot(lm)
     cfg = RLConfig(algo="ppo", lam=1.0, steps=2, prompts_per_step=4, group_size=4, lr=2e-4, value_lr=1e-3)
-    train_recipe(lm, tok, forbidden_addition(), cfg, RecipeConfig(lag=2, judges=("prefix", "contains", "close1")))
-    assert moved(before, lm)
+    res = train_recipe(lm, tok, forbidden_addition(), cfg, RecipeConfig(lag=2, judges=("prefix", "contains", "close1")))
+    assert moved(before, lm) and res.critic.shape == (2, tok.vocab_size)
+    assert all(math.isfinite(x) for k in ("cost", "nu", "value_loss", "cost_value_loss") for x in res.history[k])

@@ -48,7 +48,7 @@ from ..offpolicy import retrace, trace_coefficients, vtrace
 from ..returns import gae
 from ..staleness import LagDistribution
 from .advantages import OffPolicy
-from .heads import LogitHead, response_positions
+from .heads import LogitHead
 from .rl import RLConfig, refuse_unread
 from .samplers import Lagged, Pool
 from .sampling import Rollout, sample
@@ -364,8 +364,6 @@ class ClippedLoss:
                                        aggregation=run.cfg.aggregation)
         return loss, float(st["clip_fraction"])
 
-
-_positions = response_positions   # TODO(0.3): recipe.py's import (chapter 24), removed when it is ported
 
 #: RLConfig fields train_lagged does not read, and why (rlkit.llm.rl.refuse_unread).
 _UNREAD = {
