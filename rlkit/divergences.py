@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from . import _validate as V
-from .offpolicy import _max_log_ratio
+from .offpolicy import max_log_ratio
 
 Tensor = torch.Tensor
 
@@ -88,7 +88,7 @@ def kl_k3(logp: Tensor, logq: Tensor) -> Tensor:
     Chapter: 04_kl_trpo_ppo, 07_tiny_llm.
     """
     V.matching_floats(min_dim=0, logp=logp, logq=logq)
-    ell = (logq - logp).clamp(max=_max_log_ratio(logp.dtype))
+    ell = (logq - logp).clamp(max=max_log_ratio(logp.dtype))
     return torch.expm1(ell) - ell
 
 

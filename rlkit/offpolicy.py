@@ -29,7 +29,7 @@ import math
 import torch
 
 from . import _validate as V
-from .returns import _blocked_pays, _scan, _steps
+from .returns import blocked_scan_pays, per_step, reverse_scan
 
 Tensor = torch.Tensor
 FloatOrTensor = float | Tensor
@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 
-def _max_log_ratio(dtype: torch.dtype) -> float:
+def max_log_ratio(dtype: torch.dtype) -> float:
     """The largest log-ratio whose exponential (and ``expm1``) is finite in ``dtype``, with a
     margin of 1: 87.7 for float32 and bfloat16, 708.8 for float64, 10.1 for float16."""
     return math.log(torch.finfo(dtype).max) - 1.0
@@ -63,7 +63,7 @@ def _exp_ratio(log_ratio: Tensor) -> Tensor:
 
     Used for every ratio of this module and by :func:`rlkit.divergences.kl_k3`.
     """
-    return torch.exp(log_ratio.clamp(max=_max_log_ratio(log_ratio.dtype)))
+    return torch.exp(log_ratio.clamp(max=max_log_ratio(log_ratio.dtype)))
 
 
 def importance_ratio(logp_new: Tensor, logp_old: Tensor, mask: Tensor | None = None,
@@ -158,10 +158,10 @@ def vtrace(log_rhos: Tensor, rewards: Tensor, values: Tensor, next_values: Tenso
     lam = V.scalar_or_like(lam, "lam", rewards, "rewards")
     with torch.no_grad():
         rho = _exp_ratio(log_rhos)                                  # pi / mu, finite
-        if _blocked_pays(rewards):
+        if blocked_scan_pays(rewards):
             return _vtrace_blocked(rho, rewards, values, next_values, discounts, clip_rho,
                                    clip_c, lam)
-        rho_bar, c = rho.clamp(max=clip_rho), _steps(lam, rewards) * rho.clamp(max=clip_c)
+        rho_bar, c = rho.clamp(max=clip_rho), per_step(lam, rewards) * rho.clamp(max=clip_c)
         follow = (lam > 0).to(c.dtype) if isinstance(lam, Tensor) else torch.ones_like(c)
         vs, pg_advantages = torch.zeros_like(values), torch.zeros_like(values)
         acc = values.new_zeros(values.shape[:-1])                  # v_T - V(s_T) = 0
@@ -262,9 +262,9 @@ def off_policy_q_returns(traces: Tensor, rewards: Tensor, q_taken: Tensor, next_
     V.tensor_in(traces, "traces")
     lam = V.scalar_or_like(lam, "lam", rewards, "rewards")
     with torch.no_grad():
-        if _blocked_pays(rewards):
+        if blocked_scan_pays(rewards):
             return _q_returns_blocked(traces, rewards, q_taken, next_values, discounts, lam)
-        lam, T = _steps(lam, rewards), rewards.shape[-1]
+        lam, T = per_step(lam, rewards), rewards.shape[-1]
         returns = torch.zeros_like(rewards)
         G = rewards.new_zeros(rewards.shape[:-1])
         for t in reversed(range(T)):
@@ -327,7 +327,7 @@ def tree_backup(logp_target: Tensor, rewards: Tensor, q_taken: Tensor, next_valu
 
 
 # ----------------------------------------------------------------------------------------------
-# Fast paths (no autograd; see rlkit.returns._blocked_pays): the recursions above, vectorised in
+# Fast paths (no autograd; see rlkit.returns.blocked_scan_pays): the recursions above, vectorised in
 # time by the blocked scan, written with few full-size temporaries.
 # ----------------------------------------------------------------------------------------------
 
@@ -339,7 +339,7 @@ def _vtrace_blocked(rho, rewards, values, next_values, discounts, clip_rho, clip
         c.mul_(lam)                                                # gamma_t c_t (with lam)
     td = torch.addcmul(rewards, discounts, next_values).sub_(values)
     delta = rho_bar * td                                           # rho-bar_t * TD error
-    acc = _scan(c, delta, delta.new_zeros(delta.shape[:-1]), out=delta)
+    acc = reverse_scan(c, delta, delta.new_zeros(delta.shape[:-1]), out=delta)
     vs = acc + values
     nxt = c                                                        # reuse the buffer
     nxt[..., :-1] = acc[..., 1:]
@@ -356,4 +356,4 @@ def _q_returns_blocked(traces, rewards, q_taken, next_values, discounts, lam):
     q_next = torch.cat([q_taken[..., 1:], pad], dim=-1)            # Q(s_{t+1}, a_{t+1})
     a = discounts * lam * c_next
     b = rewards + discounts * next_values - a * q_next
-    return _scan(a, b, pad[..., 0], out=b)
+    return reverse_scan(a, b, pad[..., 0], out=b)

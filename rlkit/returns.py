@@ -18,7 +18,7 @@ with a different choice of :math:`a_t, b_t`. Each function below is written as i
 loop over ``t`` from ``T-1`` down to 0, each step one vectorised operation over the whole batch.
 Without autograd and for longer segments the same numbers come from a private blocked scan
 (``_scan_blocked``, ``C + K`` small steps instead of ``T``), which the tests prove equal to
-the loops and ``benchmarks/bench_returns.py`` shows to pay (``_blocked_pays``).
+the loops and ``benchmarks/bench_returns.py`` shows to pay (``blocked_scan_pays``).
 
 Chapters: 01_policy_gradient (discounted returns), 02_advantage_gae (GAE, lambda-returns,
 ``from_gymnasium``), Part III (n-step and lambda-returns for long text).
@@ -132,11 +132,11 @@ def _scan_blocked(a: Tensor, b: Tensor, init: Tensor, block: int = 0, a_scale: f
     return out
 
 
-def _scan(a: Tensor, b: Tensor, init: Tensor, a_scale: float = 1.0, out: Tensor = None) -> Tensor:
+def reverse_scan(a: Tensor, b: Tensor, init: Tensor, a_scale: float = 1.0, out: Tensor = None) -> Tensor:
     """``_scan_blocked`` on ``[..., T]`` tensors: ``y_t = b_t + a_scale * a_t * y_{t+1}``.
 
     ``out`` (optional) is a contiguous tensor shaped like ``b`` that may be overwritten (it may
-    be ``b`` itself). No autograd: only called where ``_blocked_pays``.
+    be ``b`` itself). No autograd: only called where ``blocked_scan_pays``.
     """
     shape, T = b.shape, b.shape[-1]
     with torch.no_grad():
@@ -155,14 +155,14 @@ def _scan(a: Tensor, b: Tensor, init: Tensor, a_scale: float = 1.0, out: Tensor 
 _LOOP_MAX_T = 8
 
 
-def _blocked_pays(*xs) -> bool:
+def blocked_scan_pays(*xs) -> bool:
     """Whether a function of this module uses the blocked scan instead of its loop."""
     ref = xs[0]
     return ref.shape[-1] > _LOOP_MAX_T and ref.numel() > 0 and not (
         torch.is_grad_enabled() and any(isinstance(x, Tensor) and x.requires_grad for x in xs))
 
 
-def _steps(x: FloatOrTensor, like: Tensor) -> Tensor:
+def per_step(x: FloatOrTensor, like: Tensor) -> Tensor:
     """A per-step coefficient as a ``[..., T]`` tensor (a float becomes a broadcast view)."""
     return x if isinstance(x, Tensor) else like.new_tensor(x).expand(like.shape)
 
@@ -196,8 +196,8 @@ def discounted_returns(rewards: Tensor, discounts: Tensor, bootstrap: FloatOrTen
     V.matching_floats(rewards=rewards, discounts=discounts)
     V.tensor_in(discounts, "discounts", 0.0, 1.0)
     G = V.finite_per_row(bootstrap, "bootstrap", rewards, "rewards")     # G_T
-    if _blocked_pays(rewards, discounts, G):
-        return _scan(discounts, rewards, G)
+    if blocked_scan_pays(rewards, discounts, G):
+        return reverse_scan(discounts, rewards, G)
     returns = torch.zeros_like(rewards)
     for t in reversed(range(rewards.shape[-1])):
         G = rewards[..., t] + discounts[..., t] * G
@@ -285,9 +285,9 @@ def lambda_returns(rewards: Tensor, discounts: Tensor, next_values: Tensor,
     V.matching_floats(rewards=rewards, discounts=discounts, next_values=next_values)
     V.tensor_in(discounts, "discounts", 0.0, 1.0)
     lam = V.scalar_or_like(lam, "lam", rewards, "rewards")
-    if _blocked_pays(rewards, discounts, next_values, lam):
+    if blocked_scan_pays(rewards, discounts, next_values, lam):
         return _lambda_returns_blocked(rewards, discounts, next_values, lam)
-    lam, T = _steps(lam, rewards), rewards.shape[-1]
+    lam, T = per_step(lam, rewards), rewards.shape[-1]
     returns = torch.zeros_like(rewards)
     G = next_values[..., T - 1] if T else None                     # G_T = V(s_T)
     for t in reversed(range(T)):
@@ -326,10 +326,10 @@ def gae(rewards: Tensor, values: Tensor, next_values: Tensor, discounts: Tensor,
                       discounts=discounts)
     V.tensor_in(discounts, "discounts", 0.0, 1.0)
     lam = V.scalar_or_like(lam, "lam", rewards, "rewards")
-    if _blocked_pays(rewards, values, next_values, discounts, lam):   # same numbers, faster
+    if blocked_scan_pays(rewards, values, next_values, discounts, lam):   # same numbers, faster
         advantages = _gae_blocked(rewards, values, next_values, discounts, lam)
         return advantages, advantages + values
-    lam = _steps(lam, rewards)
+    lam = per_step(lam, rewards)
     advantages = torch.zeros_like(rewards)
     A = rewards.new_zeros(rewards.shape[:-1])                      # A_T = 0
     for t in reversed(range(rewards.shape[-1])):                   # t = T-1, ..., 0
@@ -389,10 +389,10 @@ def _lambda_returns_blocked(rewards, discounts, next_values, lam) -> Tensor:
     init = next_values[..., -1]
     if isinstance(lam, float):
         b = torch.addcmul(rewards, discounts, next_values, value=1.0 - lam)
-        return _scan(discounts, b, init, a_scale=lam, out=b)
+        return reverse_scan(discounts, b, init, a_scale=lam, out=b)
     a = discounts * lam
     b = rewards + (discounts - a) * next_values
-    return _scan(a, b, init, out=b)
+    return reverse_scan(a, b, init, out=b)
 
 
 def _gae_blocked(rewards, values, next_values, discounts, lam) -> Tensor:
@@ -400,5 +400,5 @@ def _gae_blocked(rewards, values, next_values, discounts, lam) -> Tensor:
     delta = torch.addcmul(rewards, discounts, next_values).sub_(values)
     zero = delta.new_zeros(delta.shape[:-1])
     if isinstance(lam, float):
-        return _scan(discounts, delta, zero, a_scale=lam, out=delta)
-    return _scan(discounts * lam, delta, zero, out=delta)
+        return reverse_scan(discounts, delta, zero, a_scale=lam, out=delta)
+    return reverse_scan(discounts * lam, delta, zero, out=delta)

@@ -336,7 +336,7 @@ def test_blocked_scan_matches_loop(N, T):
     for block in (0, 1, 3, 8, 33):
         fast = R._scan_blocked(a, b, init, block=block)
         assert torch.allclose(fast, ref, atol=1e-10), block
-    assert torch.allclose(R._scan(a, b, init, a_scale=0.5), loop_recurrence(0.5 * a, b, init),
+    assert torch.allclose(R.reverse_scan(a, b, init, a_scale=0.5), loop_recurrence(0.5 * a, b, init),
                           atol=1e-10)
 
 
@@ -363,7 +363,7 @@ def test_fast_path_equals_readable_loop(T, per_step_lam, monkeypatch):
     """The blocked scan the functions use without autograd gives the loops' numbers."""
     r, v, nv, d = _rand((3, T), T)
     lam = torch.rand(3, T, dtype=D64) if per_step_lam else 0.9
-    assert R._blocked_pays(r, v, nv, d, lam)
+    assert R.blocked_scan_pays(r, v, nv, d, lam)
     for fn in (lambda: gae(r, v, nv, d, lam), lambda: (lambda_returns(r, d, nv, lam),),
                lambda: (discounted_returns(r, d, nv[..., -1]),)):
         fast, loop = _fast_and_loop(fn, monkeypatch)
@@ -373,12 +373,12 @@ def test_fast_path_equals_readable_loop(T, per_step_lam, monkeypatch):
 
 def test_loop_is_used_with_autograd_and_short_segments():
     r, v, nv, d = _rand((3, 50), 1)
-    assert R._blocked_pays(r, v, nv, d, 0.9)
-    assert not R._blocked_pays(r, v.requires_grad_(), nv, d, 0.9)
-    assert not R._blocked_pays(r[:, :R._LOOP_MAX_T], d[:, :R._LOOP_MAX_T])
-    assert not R._blocked_pays(r[:0], d[:0])
+    assert R.blocked_scan_pays(r, v, nv, d, 0.9)
+    assert not R.blocked_scan_pays(r, v.requires_grad_(), nv, d, 0.9)
+    assert not R.blocked_scan_pays(r[:, :R._LOOP_MAX_T], d[:, :R._LOOP_MAX_T])
+    assert not R.blocked_scan_pays(r[:0], d[:0])
     with torch.no_grad():
-        assert R._blocked_pays(r, v, nv, d, 0.9)
+        assert R.blocked_scan_pays(r, v, nv, d, 0.9)
 
 
 def test_results_identical_whatever_the_batch_layout():

@@ -203,7 +203,7 @@ def ppo_update(model, opt: torch.optim.Optimizer, obs: torch.Tensor, actions: to
         pg_loss = -(torch.exp(logp - logp_old[idx]) * a).mean() + beta * kl
         return pg_loss, dict(approx_kl=kl.item(), clip_frac=0.0)
 
-    stats, epochs_run = _ppo_epochs(model, opt, obs, actions, adv, returns, policy_loss, epochs=epochs,
+    stats, epochs_run = ppo_epochs(model, opt, obs, actions, adv, returns, policy_loss, epochs=epochs,
                                     num_minibatches=num_minibatches, vf_coef=vf_coef, ent_coef=ent_coef,
                                     grad_clip=grad_clip, normalize_advantages=normalize_advantages,
                                     values_old=values_old, clip_value=clip_value, target_kl=target_kl)
@@ -216,7 +216,7 @@ def ppo_update(model, opt: torch.optim.Optimizer, obs: torch.Tensor, actions: to
     return stats
 
 
-def _ppo_epochs(model, opt: torch.optim.Optimizer, obs: torch.Tensor, actions: torch.Tensor, adv: torch.Tensor,
+def ppo_epochs(model, opt: torch.optim.Optimizer, obs: torch.Tensor, actions: torch.Tensor, adv: torch.Tensor,
                 returns: torch.Tensor, policy_loss, *, epochs: int, num_minibatches: int, vf_coef: float,
                 ent_coef: float, grad_clip: float | None, normalize_advantages: bool,
                 values_old: torch.Tensor | None = None, clip_value: float | None = None,

@@ -77,7 +77,7 @@ from ..staleness import (
 )
 from ._common import Run, config_of, setup
 from .configs import StalePPOConfig
-from .ppo import _ppo_epochs
+from .ppo import ppo_epochs
 
 __all__ = ["train_stale_ppo", "vtrace_advantages"]
 
@@ -260,7 +260,7 @@ def train_stale_ppo(env: str | Callable = "CartPole-v1", cfg: StalePPOConfig | N
             pg, st = clipped_policy_loss(stale.method, logp, lpk[idx], lbk[idx], A, e, behav_clip=stale.behav_clip)
             return pg, dict(clip_fraction=float(st["clip_fraction"]))
 
-        upd, _ = _ppo_epochs(model, opt, o, a, ad, ret, policy_loss, epochs=cfg.epochs,
+        upd, _ = ppo_epochs(model, opt, o, a, ad, ret, policy_loss, epochs=cfg.epochs,
                              num_minibatches=cfg.num_minibatches, vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef,
                              grad_clip=cfg.grad_clip, normalize_advantages=cfg.normalize_advantages)
         stats.update(upd)

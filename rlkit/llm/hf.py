@@ -55,7 +55,7 @@ import torch.nn as nn
 
 from .. import _validate as V
 from .model import GPT
-from .tokenizer import CharTokenizer, _left_pad
+from .tokenizer import CharTokenizer, left_pad
 
 __all__ = ["UNMAPPABLE", "PRECISIONS", "require_transformers", "position_ids", "HFModelInfo", "HFCache", "HFCausalLM",
            "HFTokenizer", "char_tokenizer_to_hf", "gpt_to_hf"]
@@ -401,7 +401,7 @@ class HFTokenizer(CharTokenizer):
         for i, r in enumerate(rows):
             if not r:
                 raise ValueError(f"texts[{i}] encodes to no token: every prompt needs at least one")
-        return _left_pad(rows, self.pad_id, device)
+        return left_pad(rows, self.pad_id, device)
 
     def to_dict(self) -> dict:
         raise NotImplementedError("an HFTokenizer is saved with its Hugging Face tokenizer (save_pretrained)")

@@ -103,7 +103,7 @@ class CharTokenizer:
         for i, r in enumerate(rows):
             if not r:
                 raise ValueError(f"texts[{i}] is empty: every prompt needs at least one character")
-        return _left_pad(rows, self.pad_id, device)
+        return left_pad(rows, self.pad_id, device)
 
     def to_dict(self) -> dict:
         """The JSON-ready description a checkpoint stores: ``{"type": "CharTokenizer", "chars": ...}``."""
@@ -121,7 +121,7 @@ class CharTokenizer:
         return f"CharTokenizer(vocab_size={self.vocab_size})"
 
 
-def _left_pad(rows: Sequence[Sequence[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(rows: Sequence[Sequence[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """LEFT-pad token-id lists into ``ids [len(rows), max_len]`` (``pad_id`` filling) and a bool mask of real tokens."""
     width = max((len(r) for r in rows), default=0)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)

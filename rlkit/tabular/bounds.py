@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import _validate as V
-from .mdp import _POLICY, FiniteMDP, GammaLike
+from .mdp import POLICY, FiniteMDP, GammaLike
 from .solve import expected_advantage, q_value, tv_distance, value, visitation
 
 Tensor = torch.Tensor
@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 
-class _LowerBound:
+class LowerBound:
     """``slack`` of a dataclass with ``improvement`` and its lower ``bound``."""
 
     @property
@@ -38,7 +38,7 @@ class _LowerBound:
 
 
 @dataclass
-class SinglePolicyTerms(_LowerBound):
+class SinglePolicyTerms(LowerBound):
     r"""Every term of the single-policy bound for a batch of :math:`(\text{MDP}, \pi_k, \pi)` triples
     (chapter 9: lem-ch09-state-shift and thm-ch09-single-policy), as returned by
     :func:`single_policy_terms`.
@@ -130,8 +130,8 @@ def single_policy_terms(mdp: FiniteMDP, pi_old: Tensor, pi_new: Tensor) -> Singl
     Returns:
         A :class:`SinglePolicyTerms`.
     """
-    V.distribution(pi_old, "pi_old", _POLICY, shape=mdp.policy_shape)
-    V.distribution(pi_new, "pi_new", _POLICY, shape=mdp.policy_shape)
+    V.distribution(pi_old, "pi_old", POLICY, shape=mdp.policy_shape)
+    V.distribution(pi_new, "pi_new", POLICY, shape=mdp.policy_shape)
     g = mdp.gamma
     V_old, V_new = value(mdp, pi_old), value(mdp, pi_new)
     A_old = q_value(mdp, pi_old, V_old) - V_old[..., None]

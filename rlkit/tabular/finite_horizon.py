@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from .. import _validate as V
-from .bounds import _LowerBound
-from .mdp import GammaLike, _as_batch, _gen_device
+from .bounds import LowerBound
+from .mdp import GammaLike, as_batch, generator_device
 from .solve import expected_advantage, tv_distance
 
 Tensor = torch.Tensor
@@ -122,12 +122,12 @@ def random_finite_horizon_mdp(batch: int | Sequence[int], horizon: int, n_states
     Returns:
         A :class:`FiniteHorizonMDP` with ``P[*batch, H, S, A, S]``.
     """
-    batch = _as_batch(batch)
+    batch = as_batch(batch)
     H, S, A = (V.int_in(x, n) for x, n in ((horizon, "horizon"), (n_states, "n_states"),
                                                  (n_actions, "n_actions")))
     V.real_in(peakiness, "peakiness", 0.0)
     V.real_in(reward_scale, "reward_scale")
-    gd = _gen_device(generator)
+    gd = generator_device(generator)
     P = torch.softmax(peakiness * torch.randn(*batch, H, S, A, S, generator=generator, dtype=dtype, device=gd), -1)
     R = reward_scale * torch.randn(*batch, H, S, A, generator=generator, dtype=dtype, device=gd)
     rho0 = torch.softmax(torch.randn(*batch, S, generator=generator, dtype=dtype, device=gd), -1)
@@ -243,7 +243,7 @@ def finite_horizon_performance(mdp: FiniteHorizonMDP, pi: Tensor) -> Tensor:
 
 
 @dataclass
-class FiniteHorizonTerms(_LowerBound):
+class FiniteHorizonTerms(LowerBound):
     r"""Every term of the finite-horizon state-shift lemma and single-policy bound (chapter 9,
     prop-ch09-finite-horizon), from :func:`finite_horizon_terms`.
 

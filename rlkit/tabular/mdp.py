@@ -33,20 +33,20 @@ __all__ = [
 ]
 
 
-_POLICY = "pi[..., s, :] is a distribution over actions"
+POLICY = "pi[..., s, :] is a distribution over actions"
 
 
-def _as_gamma(gamma: GammaLike, batch_shape: torch.Size, like: Tensor) -> Tensor:
+def as_gamma(gamma: GammaLike, batch_shape: torch.Size, like: Tensor) -> Tensor:
     """``gamma`` (a number or one per batch element) as a ``[*B]`` tensor in ``[0, 1)``."""
     return V.per_batch(gamma, "gamma", batch_shape, like, 0.0, 1.0, hi_open=True)
 
 
-def _gen_device(generator: torch.Generator | None) -> torch.device:
+def generator_device(generator: torch.Generator | None) -> torch.device:
     """The device random numbers from ``generator`` are drawn on (the CPU for the default generator)."""
     return generator.device if generator is not None else torch.device("cpu")
 
 
-def _as_batch(batch) -> tuple:
+def as_batch(batch) -> tuple:
     """``batch`` (an int or a tuple of ints, each >= 1) as a tuple."""
     if not isinstance(batch, (list, tuple)):
         return (V.int_in(batch, "batch"),)
@@ -83,7 +83,7 @@ class FiniteMDP:
         V.tensor_in(V.same_kind(self.R, "R", P, "P"), "R")
         V.layout("... S", sizes, floating=True, rho0=self.rho0)
         V.distribution(V.same_kind(self.rho0, "rho0", P, "P"), "rho0", "initial state distribution")
-        object.__setattr__(self, "gamma", _as_gamma(self.gamma, sizes["..."], P))
+        object.__setattr__(self, "gamma", as_gamma(self.gamma, sizes["..."], P))
 
     @property
     def batch_shape(self) -> torch.Size:
@@ -147,12 +147,12 @@ def random_mdp(batch: int | Sequence[int], n_states: int, n_actions: int, gamma:
     Returns:
         A :class:`FiniteMDP` with ``P[*batch, S, A, S]``, ``R[*batch, S, A]``, ``rho0[*batch, S]``.
     """
-    batch = _as_batch(batch)
+    batch = as_batch(batch)
     V.int_in(n_states, "n_states")
     V.int_in(n_actions, "n_actions")
     V.real_in(peakiness, "peakiness", 0.0)
     V.real_in(reward_scale, "reward_scale")
-    gd = _gen_device(generator)
+    gd = generator_device(generator)
     z = torch.randn(*batch, n_states, n_actions, n_states, generator=generator, dtype=dtype, device=gd)
     P = torch.softmax(peakiness * z, dim=-1)
     R = reward_scale * torch.randn(*batch, n_states, n_actions, generator=generator, dtype=dtype, device=gd)
@@ -178,11 +178,11 @@ def random_policy(batch: int | Sequence[int], n_states: int, n_actions: int, *, 
     Returns:
         ``pi[*batch, S, A]``; every action has positive probability.
     """
-    batch = _as_batch(batch)
+    batch = as_batch(batch)
     V.int_in(n_states, "n_states")
     V.int_in(n_actions, "n_actions")
     V.real_in(temperature, "temperature", 0.0, lo_open=True)
-    z = torch.randn(*batch, n_states, n_actions, generator=generator, dtype=dtype, device=_gen_device(generator))
+    z = torch.randn(*batch, n_states, n_actions, generator=generator, dtype=dtype, device=generator_device(generator))
     pi = torch.softmax(z / temperature, dim=-1)
     return pi.to(device) if device is not None else pi
 
@@ -216,7 +216,7 @@ def perturb_policy(pi: Tensor, step: float | Tensor, *, generator: torch.Generat
     pi = V.float_tensor(pi, "pi", min_dim=2)
     V.distribution(pi, "pi", "pi[..., s, :] is a distribution over actions")
     step = V.per_batch(step, "step", pi.shape[:-2], pi)[..., None, None]
-    z = torch.randn(pi.shape, generator=generator, dtype=pi.dtype, device=_gen_device(generator)).to(pi.device)
+    z = torch.randn(pi.shape, generator=generator, dtype=pi.dtype, device=generator_device(generator)).to(pi.device)
     return torch.softmax(torch.log(pi).clamp_min(-50.0) + step * z, dim=-1)
 
 

@@ -18,8 +18,8 @@ import torch
 
 from .. import _validate as V
 from ..staleness import half_abs_ratio_diff
-from .bounds import _LowerBound, single_policy_terms, tight_example
-from .mdp import _POLICY, FiniteMDP, GammaLike, _gen_device
+from .bounds import LowerBound, single_policy_terms, tight_example
+from .mdp import POLICY, FiniteMDP, GammaLike, generator_device
 from .solve import expected_advantage, performance, q_value, tv_distance, value, visitation
 
 Tensor = torch.Tensor
@@ -158,7 +158,7 @@ def augment(mdp: FiniteMDP, policies: Tensor, alpha: Tensor, kernel: Tensor):
 # Chapter 10: static mixtures (cor-ch10-static)
 # --------------------------------------------------------------------------------------------
 @dataclass
-class StaticMixtureTerms(_LowerBound):
+class StaticMixtureTerms(LowerBound):
     r"""The terms of the static-mixture bound (chapter 10, cor-ch10-static), computed from per-version
     quantities by :func:`static_mixture_terms`.
 
@@ -225,7 +225,7 @@ def static_mixture_terms(mdp: FiniteMDP, policies: Tensor, alpha: Tensor, pi_new
     M = V.layout("... M S A", sizes, floating=True, policies=policies)["M"]
     kernel = trajectory_kernel(M, dtype=mdp.P.dtype, device=mdp.P.device)
     policies, alpha, _, M = _check_mixture(mdp, policies, alpha, kernel)
-    V.distribution(pi_new, "pi_new", _POLICY, shape=mdp.policy_shape)
+    V.distribution(pi_new, "pi_new", POLICY, shape=mdp.policy_shape)
     # put the version axis in the batch: an MDP per version
     mdp_m = FiniteMDP(*(t.unsqueeze(len(mdp.batch_shape)).expand(*mdp.batch_shape, M, *t.shape[len(mdp.batch_shape):])
                         for t in (mdp.P, mdp.R, mdp.rho0, mdp.gamma)))
@@ -335,8 +335,8 @@ def mixed_batch_terms(mdp: FiniteMDP, policies: Tensor, alpha: Tensor, kernel: T
                       pi_new: Tensor) -> MixedBatchTerms:
     r"""Check ``pi_old`` and ``pi_new``, build the augmented MDP (:func:`augment`), solve :math:`d_\beta` on it
     and :math:`\pi_k` on ``mdp``, and return the terms both bounds of chapter 11 share (eq-ch11-uk-sk)."""
-    V.distribution(pi_old, "pi_old", _POLICY, shape=mdp.policy_shape)
-    V.distribution(pi_new, "pi_new", _POLICY, shape=mdp.policy_shape)
+    V.distribution(pi_old, "pi_old", POLICY, shape=mdp.policy_shape)
+    V.distribution(pi_new, "pi_new", POLICY, shape=mdp.policy_shape)
     aug, beta = augment(mdp, policies, alpha, kernel)
     M = aug.n_states // mdp.n_states
     d_b = visitation(aug, beta)                                   # [*B, S*M]
@@ -473,7 +473,7 @@ def dynamic_mixture_terms(mdp: FiniteMDP, policies: Tensor, alpha: Tensor, kerne
 
 
 @dataclass
-class CurrentAdvantageTerms(_LowerBound):
+class CurrentAdvantageTerms(LowerBound):
     r"""The terms of the current-advantage bound (chapter 11, prop-ch11-current-advantage), computed on
     the augmented MDP by :func:`current_advantage_terms`.
 
@@ -601,7 +601,7 @@ def sample_state_actions(d: Tensor, behaviour: Tensor, n: int, *, generator: tor
     V.int_in(n, "n")
     V.distribution(d, "d", "state distribution")
     V.distribution(behaviour, "behaviour", "behaviour[..., s, :] is a distribution over actions")
-    dev = _gen_device(generator)
+    dev = generator_device(generator)
     *B, S, A = behaviour.shape
     dd = d.clamp_min(0).reshape(-1, S).to(dev)
     states = torch.multinomial(dd, n, replacement=True, generator=generator)            # [b, n]
@@ -638,8 +638,8 @@ def estimate_update_and_staleness(mdp: FiniteMDP, policies: Tensor, alpha: Tenso
     Returns:
         ``(U_hat, S_hat)``, each ``[*B]``.
     """
-    V.distribution(pi_old, "pi_old", _POLICY, shape=mdp.policy_shape)
-    V.distribution(pi_new, "pi_new", _POLICY, shape=mdp.policy_shape)
+    V.distribution(pi_old, "pi_old", POLICY, shape=mdp.policy_shape)
+    V.distribution(pi_new, "pi_new", POLICY, shape=mdp.policy_shape)
     aug, beta = augment(mdp, policies, alpha, kernel)
     M = aug.n_states // mdp.n_states
     d_b = visitation(aug, beta)

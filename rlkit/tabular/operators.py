@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 
 from .. import _validate as V
-from .mdp import _POLICY, FiniteMDP
-from .solve import _eye_like
+from .mdp import POLICY, FiniteMDP
+from .solve import eye_like
 
 Tensor = torch.Tensor
 
@@ -43,7 +43,7 @@ def _clip_level(x, name: str) -> float:
 
 
 def _pair(mdp: FiniteMDP, pi: Tensor, mu: Tensor) -> tuple[Tensor, Tensor]:
-    pi = V.distribution(V.same_kind(pi, "pi", mdp.P, "mdp.P"), "pi", _POLICY, shape=mdp.policy_shape)
+    pi = V.distribution(V.same_kind(pi, "pi", mdp.P, "mdp.P"), "pi", POLICY, shape=mdp.policy_shape)
     mu = V.distribution(V.same_kind(mu, "mu", mdp.P, "mdp.P"), "mu", "mu[..., s, :] is the behaviour "
                         "policy's distribution over actions", shape=mdp.policy_shape)
     return pi, mu
@@ -77,7 +77,7 @@ def truncated_policy(pi: Tensor, mu: Tensor, rho_bar: float) -> Tensor:
     Chapter: 16_offpolicy_multistep, eq-ch16-truncated-policy.
     """
     V.matching_floats(min_dim=2, pi=pi, mu=mu)
-    V.distribution(pi, "pi", _POLICY)
+    V.distribution(pi, "pi", POLICY)
     V.distribution(mu, "mu", "mu[..., s, :] is a distribution over actions")
     m = _truncated_weights(pi, mu, _clip_level(rho_bar, "rho_bar"))
     z = m.sum(-1, keepdim=True)
@@ -115,7 +115,7 @@ def trace_table(kind: str, pi: Tensor, mu: Tensor, lam: float = 1.0) -> Tensor:
     """
     V.choice(kind, "kind", TRACE_KINDS)
     V.matching_floats(min_dim=2, pi=pi, mu=mu)
-    V.distribution(pi, "pi", _POLICY)
+    V.distribution(pi, "pi", POLICY)
     V.distribution(mu, "mu", "mu[..., s, :] is a distribution over actions")
     lam = V.real_in(lam, "lam", 0.0, 1.0)
     pos = mu > 0
@@ -166,7 +166,7 @@ def vtrace_affine(mdp: FiniteMDP, pi: Tensor, mu: Tensor, rho_bar: float = 1.0, 
     rho_bar, c_bar = _clip_level(rho_bar, "rho_bar"), _clip_level(c_bar, "c_bar")
     lam = V.real_in(lam, "lam", 0.0, 1.0)
     g = mdp.gamma[..., None, None]
-    eye = _eye_like(mdp)
+    eye = eye_like(mdp)
     m = _truncated_weights(pi, mu, rho_bar)
     C = lam * torch.einsum("...sa,...sat->...st", _truncated_weights(pi, mu, c_bar), mdp.P)
     Pm = torch.einsum("...sa,...sat->...st", m, mdp.P)
@@ -195,7 +195,7 @@ def vtrace_fixed_point(mdp: FiniteMDP, pi: Tensor, mu: Tensor, rho_bar: float = 
     Chapter: 16_offpolicy_multistep, prop-ch16-vtrace-fixed-point.
     """
     A, b = vtrace_affine(mdp, pi, mu, rho_bar, c_bar, lam)
-    return torch.linalg.solve(_eye_like(mdp) - A, b[..., None])[..., 0]
+    return torch.linalg.solve(eye_like(mdp) - A, b[..., None])[..., 0]
 
 
 def _sa_kernels(mdp: FiniteMDP, weights: Tensor) -> Tensor:

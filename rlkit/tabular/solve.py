@@ -16,7 +16,7 @@ import torch
 
 from .. import _validate
 from .. import _validate as V  # q_value's argument V shadows the alias there: it uses _validate
-from .mdp import _POLICY, FiniteMDP, GammaLike, _as_gamma
+from .mdp import POLICY, FiniteMDP, GammaLike, as_gamma
 
 Tensor = torch.Tensor
 
@@ -49,7 +49,7 @@ def policy_transition(mdp: FiniteMDP, pi: Tensor) -> Tensor:
     Returns:
         ``[*B, S, S]``, rows are distributions.
     """
-    pi = V.distribution(pi, "pi", _POLICY, shape=mdp.policy_shape)
+    pi = V.distribution(pi, "pi", POLICY, shape=mdp.policy_shape)
     return torch.einsum("...sa,...sat->...st", pi, mdp.P)
 
 
@@ -64,11 +64,11 @@ def policy_reward(mdp: FiniteMDP, pi: Tensor) -> Tensor:
     Returns:
         ``[*B, S]``.
     """
-    pi = V.distribution(pi, "pi", _POLICY, shape=mdp.policy_shape)
+    pi = V.distribution(pi, "pi", POLICY, shape=mdp.policy_shape)
     return (pi * mdp.R).sum(-1)
 
 
-def _eye_like(mdp: FiniteMDP) -> Tensor:
+def eye_like(mdp: FiniteMDP) -> Tensor:
     return torch.eye(mdp.n_states, dtype=mdp.P.dtype, device=mdp.P.device)
 
 
@@ -89,7 +89,7 @@ def value(mdp: FiniteMDP, pi: Tensor) -> Tensor:
         ``V[*B, S]``.
     """
     Ppi = policy_transition(mdp, pi)
-    lhs = _eye_like(mdp) - mdp.gamma[..., None, None] * Ppi
+    lhs = eye_like(mdp) - mdp.gamma[..., None, None] * Ppi
     return torch.linalg.solve(lhs, policy_reward(mdp, pi)[..., None])[..., 0]
 
 
@@ -167,7 +167,7 @@ def visitation(mdp: FiniteMDP, pi: Tensor) -> Tensor:
         ``d[*B, S]``, a distribution over states for each batch index.
     """
     Ppi = policy_transition(mdp, pi)
-    lhs = (_eye_like(mdp) - mdp.gamma[..., None, None] * Ppi).transpose(-1, -2)
+    lhs = (eye_like(mdp) - mdp.gamma[..., None, None] * Ppi).transpose(-1, -2)
     rhs = ((1 - mdp.gamma)[..., None] * mdp.rho0)[..., None]
     return torch.linalg.solve(lhs, rhs)[..., 0]
 
@@ -239,7 +239,7 @@ def surrogate(d_old: Tensor, pi_new: Tensor, adv_old: Tensor, gamma: GammaLike) 
     """
     V.layout("... S", V.layout("... S A", floating=True, pi_new=pi_new, adv_old=adv_old), floating=True, d_old=d_old)
     abar = expected_advantage(pi_new, adv_old)
-    g = _as_gamma(gamma, d_old.shape[:-1], d_old)
+    g = as_gamma(gamma, d_old.shape[:-1], d_old)
     return (d_old * abar).sum(-1) / (1 - g)
 
 
