@@ -23,6 +23,7 @@ from rlkit.llm.hierarchy import (
     SkillLibrary,
     SubGoal,
     exact_verifier,
+    executor_update,
     left_to_right_planner,
     mod9_verifier,
     parse_int,
@@ -38,6 +39,7 @@ from rlkit.llm.hierarchy import (
     verifier_rates,
 )
 from rlkit.llm.tasks import Problem
+from rlkit.llm.trainer import Run
 
 
 @pytest.fixture(scope="module")
@@ -263,3 +265,37 @@ def test_train_executor_smoke_and_determinism(lm):
         HierarchyConfig(group_size=1)
     with pytest.raises(ValueError, match="reward"):
         HierarchyConfig(reward="dense")
+
+
+def test_train_executor_is_the_run_shell_and_executor_update(lm):
+    """train_executor = trainer.Run (optimiser, generators, log, clock, evaluations) + executor_update per step:
+    one update by hand on a Run gives the trainer's first update to the bit (its evaluations draw no noise)."""
+    import copy
+    model, tok = lm
+    ev = THREE_TERM_ADDITION.problems(8, seed=5, split="test")
+    cfg = HierarchyConfig(steps=1, prompts_per_step=4, group_size=4, eval_every=1, seed=1, reward="final",
+                          grad_clip=0.01)
+    m1, m2 = copy.deepcopy(model), copy.deepcopy(model)
+    res = train_executor(m1, tok, THREE_TERM_ADDITION, smallest_first_planner, cfg, eval_problems=ev)
+    plans, G, started, loss, norm = executor_update(Run(m2, tok, THREE_TERM_ADDITION, cfg), smallest_first_planner)
+    assert res.history["loss"] == [loss] and res.history["grad_norm"] == [norm] and norm > cfg.grad_clip
+    assert res.history["final"] == [plans.accuracy] and torch.equal(G, plans.correct[:, None] * started)
+    assert all(torch.equal(a, b) for a, b in zip(m1.parameters(), m2.parameters()))
+    assert res.evals["step"] == [0, 1] and set(res.evals) == {"step", "train_seconds", "greedy_accuracy",
+                                                             "success_probability"}
+
+
+def test_train_executor_without_a_started_sub_goal_takes_no_step(lm):
+    """A plan no option can start has no executor tokens: no Adam step, loss and grad_norm NaN, weights unchanged."""
+    import copy
+    model, tok = lm
+    m = copy.deepcopy(model)
+
+    def outside(problem):
+        return [SubGoal("add", (5, 200)), SubGoal("add", ("s0", 10))]
+
+    cfg = HierarchyConfig(steps=2, prompts_per_step=2, group_size=2, eval_every=2)
+    res = train_executor(m, tok, THREE_TERM_ADDITION, outside, cfg, eval_problems=THREE_TERM_ADDITION.problems(4))
+    assert all(np.isnan(res.history[k]).all() for k in ("loss", "grad_norm", "step1", "step2"))
+    assert res.history["reward"] == [0.0, 0.0] and res.evals["greedy_accuracy"] == [0.0, 0.0]
+    assert all(torch.equal(a, b) for a, b in zip(m.parameters(), model.parameters()))

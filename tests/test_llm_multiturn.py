@@ -25,8 +25,10 @@ from rlkit.llm.multiturn import (
     turn_advantages,
     turn_logprobs,
     turn_returns,
+    turn_update,
     well_formed,
 )
+from rlkit.llm.trainer import Run
 from rlkit.returns import discounted_returns
 
 
@@ -271,3 +273,29 @@ def test_warm_start_and_trainer_smoke():
         MultiTurnConfig(gamma=1.2)
     with pytest.raises(TypeError):
         train_multiturn(model, CharTokenizer(), RETRY_ADDITION, config={"gamma": 1})
+
+
+def test_trainer_is_the_run_shell_and_turn_update():
+    """train_multiturn = trainer.Run (optimiser, generators, log, clock, evaluations) + turn_update per step:
+    one update by hand on a Run gives the trainer's first update to the bit (its evaluations draw no noise)."""
+    base, tok = load_pretrained()
+    cfg = MultiTurnConfig(gamma=0.5, steps=1, prompts_per_step=2, group_size=4, eval_every=1, format_bonus=0.1,
+                          grad_clip=0.5, seed=0)
+    ev = RETRY_ADDITION.problems(4, seed=0, split="test")
+    m1, m2 = copy.deepcopy(base), copy.deepcopy(base)
+    res = train_multiturn(m1, tok, RETRY_ADDITION, cfg, eval_set=ev)
+    ro, A, loss, norm = turn_update(Run(m2, tok, RETRY_ADDITION, cfg), RETRY_ADDITION)
+    assert res.history["loss"] == [loss] and res.history["grad_norm"] == [norm] and norm > cfg.grad_clip
+    assert res.history["first_attempt"] == [multiturn_metrics(ro)["first_attempt"]]
+    assert all(torch.equal(a, b) for a, b in zip(m1.parameters(), m2.parameters()))
+    assert res.evals["step"] == [0, 1] and len(res.evals["train_seconds"]) == 2
+    assert res.evals["train_seconds"][0] == 0.0 < res.evals["train_seconds"][1] == res.history["train_seconds"][0]
+
+
+def test_trainer_refuses_eval_problems_it_would_ignore():
+    """MultiTurnConfig.eval_problems sizes the default held-out set only: with eval_set it was silently ignored."""
+    model, tok = load_pretrained()
+    ev = RETRY_ADDITION.problems(4, seed=0, split="test")
+    with pytest.raises(ValueError, match="eval_problems=8 is ignored when eval_set is given"):
+        train_multiturn(copy.deepcopy(model), tok, RETRY_ADDITION, MultiTurnConfig(steps=1, eval_problems=8),
+                        eval_set=ev)

@@ -13,7 +13,7 @@ from .sampling import sample
 from .tasks import Problem, Task
 from .tokenizer import CharTokenizer
 
-__all__ = ["encode_prompts", "evaluate"]
+__all__ = ["encode_prompts", "device_of", "evaluate"]
 
 
 def encode_prompts(problems: Sequence[Problem], tok: CharTokenizer, device=None):
@@ -23,7 +23,8 @@ def encode_prompts(problems: Sequence[Problem], tok: CharTokenizer, device=None)
                             device=device)
 
 
-def _device_of(model) -> torch.device:
+def device_of(model) -> torch.device:
+    """The device of ``model``'s first parameter (the CPU for a model without parameters)."""
     try:
         return next(model.parameters()).device
     except (StopIteration, AttributeError):
@@ -57,7 +58,7 @@ def evaluate(model, tok: CharTokenizer, task: Task, problems: Sequence[Problem],
     was_training = getattr(model, "training", False)
     if hasattr(model, "eval"):
         model.eval()
-    dev = _device_of(model)
+    dev = device_of(model)
     responses = []
     try:
         for i in range(0, len(problems), batch_size):

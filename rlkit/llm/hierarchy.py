@@ -37,32 +37,34 @@ integer answer near the target under the model.
 ``group_size`` plans per problem, and a policy gradient on every sub-goal's tokens, with either
 **sub-goal rewards** (each sub-goal is scored on its own target, given its actual arguments) or
 the **final reward** only (every sub-goal of a plan gets the plan's end-to-end reward), and a
-leave-one-out baseline per sub-goal index (:func:`~rlkit.llm.turn_advantages`).
+leave-one-out baseline per sub-goal index (:func:`~rlkit.llm.turn_advantages`). One update is
+:func:`executor_update`; the run around it (optimiser, generators, log, clock, evaluations) is
+:func:`rlkit.llm.train`'s :class:`rlkit.llm.trainer.Run`.
 """
 from __future__ import annotations
 
 import copy
+import math
 import random
 import re
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from .. import _validate as V
-from ..utils import clip_grad
-from .evaluation import _device_of
+from .evaluation import device_of
 from .multiturn import turn_advantages
 from .sampling import sample, token_logprobs
 from .tasks import Problem, Task, exact_match
 from .tokenizer import CharTokenizer
+from .trainer import Run
 
 __all__ = ["three_term_problem", "THREE_TERM_ADDITION", "parse_terms", "parse_int", "Option", "ADD",
            "SkillLibrary", "SKILLS", "SubGoal", "left_to_right_planner", "smallest_first_planner",
            "exact_verifier", "mod9_verifier", "units_verifier", "VERIFIERS", "PlanResult", "run_plan",
            "response_probabilities", "plan_success_probability", "verifier_rates", "retry_success",
-           "HierarchyConfig", "HierarchyResult", "train_executor"]
+           "HierarchyConfig", "HierarchyResult", "executor_update", "train_executor"]
 
 
 # ------------------------------------------------------------------------------------------ task
@@ -355,6 +357,32 @@ def run_plan(model, tok: CharTokenizer, problems: Sequence[Problem], planner: Ca
     Returns:
         a :class:`PlanResult`. Chapter: 23_plan_act_verify.
     """
+    _check_run_plan_args(tok, problems, planner, library, verifier, attempts, greedy, temperature, record)
+    dev = device_of(model)
+    plans, J = _make_plans(problems, planner, library)
+    B = len(problems)
+    flags = {k: torch.zeros(B, J, dtype=torch.bool) for k in ("started", "accepted")}
+    out = PlanResult(correct=torch.zeros(B), step_correct=torch.zeros(B, J), **flags,
+                     attempts=torch.zeros(B, J, dtype=torch.long), values=[[] for _ in range(B)], answers=[],
+                     plans=plans, steps=[])
+    call = {"greedy": greedy, "temperature": temperature, "generator": generator}
+    for j in range(J):
+        opts = [library[plans[i][j].option] for i in range(B)]
+        args = [plans[i][j].bind(out.values[i]) for i in range(B)]
+        rows = [i for i in range(B) if opts[i].can_start(args[i])]
+        kept = _attempt_subgoal(model, tok, out, j, opts, args, rows, verifier, attempts, call, record)
+        if record and not rows:
+            out.steps.append({"rows": torch.zeros(0, dtype=torch.long, device=dev)})
+        _keep_results(out, j, opts, args, kept)
+    out.answers = ["" if not vals or vals[-1] is None else str(vals[-1]) for vals in out.values]
+    correct = torch.tensor([float(a == p.answer) for a, p in zip(out.answers, problems)])
+    for k, x in (("correct", correct), ("step_correct", out.step_correct), ("started", out.started),
+                 ("attempts", out.attempts), ("accepted", out.accepted)):
+        setattr(out, k, x.to(dev))
+    return out
+
+
+def _check_run_plan_args(tok, problems, planner, library, verifier, attempts, greedy, temperature, record) -> None:
     V.instance_of(tok, "tok", CharTokenizer)
     V.instance_of(problems, "problems", (list, tuple), "list of Problem")
     for i, p in enumerate(problems):
@@ -371,64 +399,59 @@ def run_plan(model, tok: CharTokenizer, problems: Sequence[Problem], planner: Ca
     V.instance_of(record, "record", bool)
     if record and attempts != 1:
         raise ValueError(f"record=True keeps one call per sub-goal; got attempts={attempts}")
-    dev = _device_of(model)
+
+
+def _make_plans(problems, planner, library) -> tuple[list, int]:
+    """Each problem's plan, checked (sub-goals of the library, one length ``J`` for the batch): ``(plans, J)``."""
     plans = [planner(p) for p in problems]
     for i, pl in enumerate(plans):
         V.instance_of(pl, f"the plan of problems[{i}]", list, "list of SubGoal")
         for sg in pl:
             V.instance_of(sg, f"a sub-goal of the plan of problems[{i}]", SubGoal)
             library[sg.option]
-    B = len(problems)
     J = len(plans[0]) if plans else 0
     if any(len(pl) != J for pl in plans):
         raise ValueError(f"every plan of a batch must have the same number of sub-goals; got lengths "
                          f"{sorted({len(pl) for pl in plans})}")
-    values = [[] for _ in range(B)]
-    step_correct = torch.zeros(B, J)
-    started = torch.zeros(B, J, dtype=torch.bool)
-    n_calls = torch.zeros(B, J, dtype=torch.long)
-    accepted = torch.zeros(B, J, dtype=torch.bool)
-    steps = []
-    for j in range(J):
-        opts = [library[plans[i][j].option] for i in range(B)]
-        args = [plans[i][j].bind(values[i]) for i in range(B)]
-        rows = [i for i in range(B) if opts[i].can_start(args[i])]
-        kept = {i: None for i in rows}
-        pending = list(rows)
-        for _ in range(attempts):
-            if not pending:
-                break
-            budget = max(opts[i].max_new_tokens for i in pending)
-            ids, att = tok.encode_batch([opts[i].prompt(args[i]) for i in pending], device=dev)
-            ro = sample(model, ids, att, max_new_tokens=budget, eos_id=tok.eos_id, pad_id=tok.pad_id,
-                        greedy=greedy, temperature=temperature, generator=generator)
-            texts = tok.decode_batch(ro.response_ids.cpu())
-            if record:
-                steps.append({"rows": torch.tensor(pending, dtype=torch.long, device=dev), "prompt_ids": ids,
+    return plans, J
+
+
+def _attempt_subgoal(model, tok, out: PlanResult, j: int, opts, args, rows, verifier, attempts: int, call: dict,
+                     record: bool) -> dict:
+    """Sub-goal ``j`` of the problems ``rows``: up to ``attempts`` batched executor calls, retrying what the
+    verifier rejects. Counts the calls and acceptances in ``out``; returns ``{row: kept value}``."""
+    kept = {i: None for i in rows}
+    pending = list(rows)
+    for _ in range(attempts):
+        if not pending:
+            break
+        budget = max(opts[i].max_new_tokens for i in pending)
+        ids, att = tok.encode_batch([opts[i].prompt(args[i]) for i in pending], device=device_of(model))
+        ro = sample(model, ids, att, max_new_tokens=budget, eos_id=tok.eos_id, pad_id=tok.pad_id, **call)
+        texts = tok.decode_batch(ro.response_ids.cpu())
+        if record:
+            out.steps.append({"rows": torch.tensor(pending, dtype=torch.long, device=ids.device), "prompt_ids": ids,
                               "prompt_mask": att, "response_ids": ro.response_ids, "mask": ro.mask})
-            still = []
-            for r, i in enumerate(pending):
-                v = parse_int(texts[r])
-                kept[i] = v
-                n_calls[i, j] += 1
-                ok = True if verifier is None else bool(verifier(opts[i], args[i], v))
-                accepted[i, j] = ok
-                if not ok:
-                    still.append(i)
-            pending = still
-        if record and not rows:
-            steps.append({"rows": torch.zeros(0, dtype=torch.long, device=dev)})
-        for i in range(B):
-            v = kept.get(i)
-            values[i].append(v)
-            if i in kept:
-                started[i, j] = True
-                step_correct[i, j] = float(v is not None and v == opts[i].target(args[i]))
-    answers = ["" if not vals or vals[-1] is None else str(vals[-1]) for vals in values]
-    correct = torch.tensor([float(a == p.answer) for a, p in zip(answers, problems)])
-    return PlanResult(correct=correct.to(dev), step_correct=step_correct.to(dev), started=started.to(dev),
-                      attempts=n_calls.to(dev), accepted=accepted.to(dev), values=values, answers=answers,
-                      plans=plans, steps=steps)
+        still = []
+        for r, i in enumerate(pending):
+            kept[i] = v = parse_int(texts[r])
+            out.attempts[i, j] += 1
+            ok = True if verifier is None else bool(verifier(opts[i], args[i], v))
+            out.accepted[i, j] = ok
+            if not ok:
+                still.append(i)
+        pending = still
+    return kept
+
+
+def _keep_results(out: PlanResult, j: int, opts, args, kept: dict) -> None:
+    """Append sub-goal ``j``'s kept values to ``out.values`` (None where it did not start) and score them."""
+    for i, vals in enumerate(out.values):
+        v = kept.get(i)
+        vals.append(v)
+        if i in kept:
+            out.started[i, j] = True
+            out.step_correct[i, j] = float(v is not None and v == opts[i].target(args[i]))
 
 
 # ------------------------------------------------------------------------------ exact probabilities
@@ -452,7 +475,7 @@ def response_probabilities(model, tok: CharTokenizer, prompts: Sequence[str], re
     V.str_list(responses, "responses")
     V.same_length(prompts, "prompts", responses, "responses")
     V.int_in(batch_size, "batch_size")
-    dev = _device_of(model)
+    dev = device_of(model)
     out = []
     for s in range(0, len(prompts), batch_size):
         ids, att = tok.encode_batch(list(prompts[s:s + batch_size]), device=dev)
@@ -626,7 +649,8 @@ class HierarchyResult:
 
     ``history[key]``: one entry per update: ``reward`` (mean reward used, over sub-goals taken),
     ``final`` (end-to-end accuracy of the sampled plans), ``step1``, ``step2``, ... (sub-goal
-    accuracies of the sampled plans), ``train_seconds`` (cumulative). ``evals``: ``step``,
+    accuracies of the sampled plans), ``loss`` and ``grad_norm`` (before clipping) of the update,
+    ``train_seconds`` (cumulative). ``evals``: ``step``, ``train_seconds``,
     ``greedy_accuracy`` (end-to-end, greedy) and ``success_probability`` (the exact probability that a
     sampled plan gets every sub-goal right, :func:`plan_success_probability`, averaged over the
     evaluation problems), before the first update,
@@ -638,13 +662,12 @@ class HierarchyResult:
     config: HierarchyConfig
 
 
-def train_executor(model, tok: CharTokenizer, task: Task, planner: Callable[[Problem], list],
-                   config: HierarchyConfig | None = None, *, library: SkillLibrary = SKILLS,
-                   eval_problems: Sequence[Problem] | None = None) -> HierarchyResult:
-    r"""Train the executor (in place) inside the hierarchy, with sub-goal rewards or the final reward only.
+def executor_update(run, planner: Callable[[Problem], list], library: SkillLibrary = SKILLS):
+    r"""One update of :func:`train_executor` on the shared run ``run`` (a :class:`rlkit.llm.trainer.Run`).
 
-    Each update samples ``prompts_per_step`` training problems, runs ``group_size`` sampled plans of
-    each (:func:`run_plan`, no verifier), and sets the return of sub-goal :math:`j` of plan :math:`i`
+    Samples ``prompts_per_step`` training problems of ``run.task`` (with ``run.rng``), runs
+    ``group_size`` sampled plans of each (:func:`run_plan`, no verifier, noise from ``run.gen``),
+    and sets the return of sub-goal :math:`j` of plan :math:`i`
 
     .. math::  G_{i,j} = \mathbb 1[\text{sub-goal } j \text{ of } i \text{ hit its target}] \ \ (\texttt{"subgoal"}),
                \qquad G_{i,j} = \mathbb 1[\text{plan } i \text{ answered the problem}] \ \ (\texttt{"final"}),
@@ -657,15 +680,73 @@ def train_executor(model, tok: CharTokenizer, task: Task, planner: Callable[[Pro
 
         \mathcal L = -\frac{1}{N\,T}\sum_{i,j} \hat A_{i,j} \sum_t \log \pi_\theta(y_{i,j,t} \mid x_{i,j}, y_{i,j,<t}),
 
-    with :math:`N` the number of sub-goal calls and :math:`T` the option's token budget (one Adam step
-    per update). Both rewards have the same maximiser (every sub-goal right makes the plan right),
-    but the final reward blames a right sub-goal for a wrong one elsewhere in its plan.
+    with :math:`N` the number of sub-goal calls and :math:`T` the option's token budget, and one Adam
+    step is taken on it (``run.optimise``: gradient clipped to ``grad_clip``; no step when no
+    sub-goal started). Both rewards have the same maximiser (every sub-goal right makes the plan
+    right), but the final reward blames a right sub-goal for a wrong one elsewhere in its plan.
+
+    Returns:
+        ``(plans, G [B, J], started [B, J] float, loss, grad_norm)``: the :class:`PlanResult`, the
+        returns, which sub-goals started, the loss and the gradient norm before clipping (NaN
+        without a step). Chapter: 23_plan_act_verify.
+    """
+    cfg, model = run.cfg, run.model
+    base = run.task.problems(cfg.prompts_per_step, seed=run.rng, split="train")
+    probs = [copy.copy(p) for p in base for _ in range(cfg.group_size)]
+    model.eval()
+    res = run_plan(model, run.tok, probs, planner, library, temperature=cfg.temperature, generator=run.gen,
+                   record=True)
+    J = res.step_correct.shape[1]
+    mask = res.started.float()
+    G = res.step_correct if cfg.reward == "subgoal" else res.correct[:, None].expand(-1, J) * mask
+    adv = turn_advantages(G, mask, cfg.group_size, "loo")
+    model.train()
+    n_calls = mask.sum().clamp_min(1.0)
+    loss = 0.0
+    for j, st in enumerate(res.steps):
+        if st["rows"].numel() == 0:
+            continue
+        lp = token_logprobs(model, st["prompt_ids"], st["prompt_mask"], st["response_ids"], st["mask"],
+                            temperature=cfg.temperature)
+        T = max(library[res.plans[0][j].option].max_new_tokens, 1)
+        loss = loss - (adv[st["rows"], j][:, None] * lp * st["mask"]).sum() / (n_calls * T)
+    stepped = isinstance(loss, torch.Tensor)
+    norm = run.optimise(loss) if stepped else math.nan
+    model.eval()
+    return res, G, mask, loss.item() if stepped else math.nan, norm
+
+
+def _plan_metrics(model, tok, problems, planner, library, temperature) -> dict:
+    return {"greedy_accuracy": run_plan(model, tok, problems, planner, library, greedy=True).accuracy,
+            "success_probability": plan_success_probability(model, tok, problems, planner, library,
+                                                            temperature=temperature).prod(-1).mean().item()}
+
+
+def _subgoal_metrics(res: PlanResult, G: torch.Tensor, mask: torch.Tensor) -> dict:
+    out = {"reward": ((G * mask).sum() / mask.sum().clamp_min(1.0)).item(), "final": res.accuracy}
+    for j in range(mask.shape[1]):
+        taken = mask[:, j] > 0
+        out[f"step{j + 1}"] = res.step_correct[taken, j].mean().item() if bool(taken.any()) else math.nan
+    return out
+
+
+def train_executor(model, tok: CharTokenizer, task: Task, planner: Callable[[Problem], list],
+                   config: HierarchyConfig | None = None, *, library: SkillLibrary = SKILLS,
+                   eval_problems: Sequence[Problem] | None = None) -> HierarchyResult:
+    r"""Train the executor (in place) inside the hierarchy, with sub-goal rewards or the final reward only.
+
+    ``steps`` times :func:`executor_update`, in :func:`rlkit.llm.train`'s run shell
+    (:class:`rlkit.llm.trainer.Run`): Adam at ``lr``, the problems' ``random.Random`` and the plans'
+    generator seeded ``seed``, the history, the clock, and the evaluation on ``eval_problems``
+    (greedy end-to-end accuracy and the exact probability that a sampled plan gets every sub-goal
+    right) before the first update, every ``eval_every`` updates and after the last.
 
     Args:
         model: the executor, updated in place. tok: its tokenizer. task: the compositional
             :class:`~rlkit.llm.Task` (training split). planner: as in :func:`run_plan`.
         config: a :class:`HierarchyConfig`. library: the :class:`SkillLibrary`.
-        eval_problems: problems for the greedy end-to-end accuracy (default: 256 from the test split).
+        eval_problems: problems for the evaluations (default: 256 from the test split, seed
+            ``10_000 + seed``).
 
     Returns:
         a :class:`HierarchyResult`. Chapter: 23_plan_act_verify.
@@ -677,58 +758,15 @@ def train_executor(model, tok: CharTokenizer, task: Task, planner: Callable[[Pro
     if eval_problems is None:
         eval_problems = task.problems(256, seed=10_000 + cfg.seed, split="test")
     eval_problems = list(eval_problems)
-    params = [q for q in model.parameters() if q.requires_grad]
-    opt = torch.optim.Adam(params, lr=cfg.lr)
-    rng = random.Random(cfg.seed)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    m = cfg.group_size
-    hist: dict = {"reward": [], "final": [], "train_seconds": []}
-    evals: dict = {"step": [], "greedy_accuracy": [], "success_probability": []}
-    spent = 0.0
-
-    def evaluate_now(step):
-        evals["step"].append(step)
-        evals["greedy_accuracy"].append(run_plan(model, tok, eval_problems, planner, library, greedy=True).accuracy)
-        evals["success_probability"].append(
-            plan_success_probability(model, tok, eval_problems, planner, library, temperature=cfg.temperature)
-            .prod(-1).mean().item())
-
-    evaluate_now(0)
-    for step in range(1, cfg.steps + 1):
-        t0 = time.perf_counter()
-        base = task.problems(cfg.prompts_per_step, seed=rng, split="train")
-        probs = [copy.copy(p) for p in base for _ in range(m)]
-        model.eval()
-        res = run_plan(model, tok, probs, planner, library, temperature=cfg.temperature, generator=gen, record=True)
-        J = res.step_correct.shape[1]
-        mask = res.started.float()
-        G = res.step_correct if cfg.reward == "subgoal" else res.correct[:, None].expand(-1, J) * mask
-        adv = turn_advantages(G, mask, m, "loo")
-        model.train()
-        n_calls = mask.sum().clamp_min(1.0)
-        loss = 0.0
-        for j, st in enumerate(res.steps):
-            if st["rows"].numel() == 0:
-                continue
-            lp = token_logprobs(model, st["prompt_ids"], st["prompt_mask"], st["response_ids"], st["mask"],
-                                temperature=cfg.temperature)
-            T = max(library[res.plans[0][j].option].max_new_tokens, 1)
-            loss = loss - (adv[st["rows"], j][:, None] * lp * st["mask"]).sum() / (n_calls * T)
-        opt.zero_grad(set_to_none=True)
-        if isinstance(loss, torch.Tensor):
-            loss.backward()
-            clip_grad(params, cfg.grad_clip)
-            opt.step()
-        model.eval()
-        spent += time.perf_counter() - t0
-        hist["reward"].append(((G * mask).sum() / n_calls).item())
-        hist["final"].append(res.accuracy)
-        for j in range(J):
-            taken = mask[:, j] > 0
-            hist.setdefault(f"step{j + 1}", []).append(
-                res.step_correct[taken, j].mean().item() if bool(taken.any()) else float("nan"))
-        hist["train_seconds"].append(spent)
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            evaluate_now(step)
+    run = Run(model, tok, task, cfg, evaluation=lambda run: _plan_metrics(run.model, tok, eval_problems, planner,
+                                                                          library, cfg.temperature))
+    run.evaluate(0)
+    for k in range(cfg.steps):
+        run.start_update(k)                     # the clock
+        res, G, mask, loss, norm = executor_update(run, planner, library)
+        run.stop_clock()
+        run.log(**_subgoal_metrics(res, G, mask), loss=loss, grad_norm=norm, train_seconds=run.train_time)
+        run.end_update()
+        run.end_step(k, False, None)
     model.eval()
-    return HierarchyResult(history=hist, evals=evals, config=cfg)
+    return HierarchyResult(history=run.history, evals=run.evals, config=cfg)

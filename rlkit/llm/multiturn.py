@@ -26,7 +26,9 @@ from rlkit's token-level :func:`~rlkit.returns.discounted_returns` when the per-
 **The trainer.** :func:`~rlkit.llm.train_multiturn` is a turn-level policy gradient with a group baseline:
 ``group_size`` conversations per prompt, and for each turn index :math:`u` the advantage
 :math:`\hat A_{i,u} = G_{i,u} - b_{i,u}` (:func:`~rlkit.llm.turn_advantages`) is applied to every token of
-turn :math:`u` of conversation :math:`i` (:func:`rlkit.objectives.policy_gradient_loss`).
+turn :math:`u` of conversation :math:`i` (:func:`rlkit.objectives.policy_gradient_loss`). One update is
+:func:`turn_update`; the run around it (optimiser, generators, log, clock, evaluations) is
+:func:`rlkit.llm.train`'s :class:`rlkit.llm.trainer.Run`.
 
 **The warm start.** The shipped model reads only ``a+b=`` at positions 0..5 (its position
 embeddings beyond the first line were never trained), so :func:`~rlkit.llm.retry_warm_start` fine-tunes it
@@ -37,8 +39,8 @@ model to use the feedback.
 """
 from __future__ import annotations
 
+import math
 import random
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -48,15 +50,15 @@ import torch.nn.functional as F
 from .. import _validate as V
 from ..objectives import AGGREGATIONS, aggregate
 from ..returns import discounted_returns
-from ..utils import clip_grad
-from .evaluation import _device_of
+from .evaluation import device_of
 from .sampling import call_model, sample
 from .tasks import ADDITION, Problem, Task, forgot_carry_answer
 from .tokenizer import CharTokenizer
+from .trainer import Run
 
 __all__ = ["RetryTask", "RETRY_ADDITION", "MultiTurnRollout", "rollout_turns", "episode_layout",
            "turn_logprobs", "turn_returns", "token_discounts", "turn_advantages", "well_formed", "multiturn_metrics",
-           "MultiTurnConfig", "MultiTurnResult", "train_multiturn", "retry_warm_start",
+           "MultiTurnConfig", "MultiTurnResult", "turn_update", "train_multiturn", "retry_warm_start",
            "retry_corpus"]
 
 
@@ -225,7 +227,7 @@ def rollout_turns(model, tok: CharTokenizer, task: RetryTask, problems: Sequence
         V.instance_of(p, f"problems[{i}]", Problem)
     V.real_in(temperature, "temperature", 0.0, lo_open=True)
     V.instance_of(greedy, "greedy", bool)
-    dev = _device_of(model)
+    dev = device_of(model)
     K, B = task.max_turns, len(problems)
     prompts = [tok.encode(p.prompt) for p in problems]
     for i, pr in enumerate(prompts):
@@ -506,9 +508,9 @@ class MultiTurnResult:
     """What :func:`train_multiturn` returns: the trained ``model``, per-step ``history`` (lists of
     floats: ``first_attempt``, ``solved``, ``mean_turns``, ``retry_accuracy``, ``repeat_rate`` of
     the sampled training conversations, ``push`` = the mean turn-1 advantage of the conversations
-    whose first answer was right, ``loss``, ``train_seconds``) and held-out greedy ``evals``
-    (``step`` plus the :func:`multiturn_metrics` keys, before the first update, every
-    ``eval_every`` and after the last)."""
+    whose first answer was right, ``loss``, ``grad_norm`` (before clipping), ``train_seconds``) and
+    held-out greedy ``evals`` (``step``, ``train_seconds`` and the :func:`multiturn_metrics` keys,
+    before the first update, every ``eval_every`` and after the last)."""
 
     model: torch.nn.Module
     config: MultiTurnConfig
@@ -516,7 +518,7 @@ class MultiTurnResult:
     evals: dict = field(default_factory=dict)
 
 
-def _evaluate(model, tok, task, problems) -> dict:
+def _greedy_metrics(model, tok, task, problems) -> dict:
     was = model.training
     model.eval()
     try:
@@ -525,27 +527,61 @@ def _evaluate(model, tok, task, problems) -> dict:
         model.train(was)
 
 
-def train_multiturn(model, tok: CharTokenizer, task: RetryTask, config: MultiTurnConfig | None = None,
-                    *, eval_set: Sequence[Problem] | None = None) -> MultiTurnResult:
-    r"""Turn-level policy gradient with a per-turn discount and a group baseline.
+def turn_update(run, task: RetryTask):
+    r"""One update of :func:`train_multiturn` on the shared run ``run`` (a :class:`rlkit.llm.trainer.Run`).
 
-    Each step draws ``prompts_per_step`` training prompts, plays ``group_size`` conversations of
-    each (:func:`rollout_turns`, at ``temperature``), computes :math:`G_{i,u}` (:func:`turn_returns`,
-    eq-ch15-return) and :math:`\hat A_{i,u}` (:func:`turn_advantages`), spreads each turn's advantage
-    over that turn's tokens, and takes one Adam step on
+    Draws ``prompts_per_step`` training prompts with ``run.rng``, plays ``group_size`` conversations
+    of each (:func:`rollout_turns` at ``temperature``, noise from ``run.gen``), adds the format
+    bonus :math:`c` to every well-formed turn, computes :math:`G_{i,u}` (:func:`turn_returns`) and
+    :math:`\hat A_{i,u}` (:func:`turn_advantages`), puts each turn's advantage on that turn's
+    tokens and takes one Adam step (``run.optimise``: gradient clipped to ``grad_clip``) on
 
     .. math::
 
         \mathcal L(\theta) = -\,\mathrm{agg}_{i,t}\big(\hat A_{i,u(t)}\,\log \pi_\theta(y_{i,t}\mid y_{i,<t})\big)
 
-    over the model's tokens only (the surrogate of :func:`rlkit.objectives.policy_gradient_loss`; one on-policy
-    step per batch, so no ratio is needed). The model is trained in place (pass a copy to keep it).
+    over the model's tokens only (:func:`rlkit.objectives.policy_gradient_loss`'s surrogate; one
+    on-policy step per batch, so no ratio is needed). ``seq-mean-token-sum-norm`` divides by the
+    longest possible conversation's model tokens, :math:`U \cdot` ``max_new_tokens``.
+
+    Returns:
+        ``(rollout, advantages [B, U], loss, grad_norm)``: the conversations, :math:`\hat A`, the
+        loss (a float) and the gradient norm before clipping. Chapter: 15_turns_as_steps.
+    """
+    cfg, model = run.cfg, run.model
+    base = task.problems(cfg.prompts_per_step, run.rng, split="train")
+    probs = [p for p in base for _ in range(cfg.group_size)]
+    model.eval()
+    ro = rollout_turns(model, run.tok, task, probs, temperature=cfg.temperature, generator=run.gen)
+    model.train()
+    rew = ro.turn_rewards
+    if cfg.format_bonus > 0:
+        rew = rew + cfg.format_bonus * well_formed(ro) * ro.turn_mask
+    G = turn_returns(rew, ro.turn_mask, cfg.gamma)
+    A = turn_advantages(G, ro.turn_mask, cfg.group_size, cfg.baseline)
+    adv_tok = torch.where(ro.turn_index >= 0, A.gather(1, ro.turn_index.clamp_min(0)), 0.0)
+    logp = turn_logprobs(model, ro, temperature=cfg.temperature)
+    kw = {"max_len": task.max_turns * task.base.max_new_tokens} if cfg.aggregation == "seq-mean-token-sum-norm" else {}
+    loss = aggregate(-adv_tok.detach() * logp, ro.action_mask, cfg.aggregation, **kw)
+    norm = run.optimise(loss)
+    return ro, A, loss.item(), norm
+
+
+def train_multiturn(model, tok: CharTokenizer, task: RetryTask, config: MultiTurnConfig | None = None,
+                    *, eval_set: Sequence[Problem] | None = None) -> MultiTurnResult:
+    r"""Turn-level policy gradient with a per-turn discount and a group baseline (:func:`turn_update`, ``steps`` times).
+
+    The run shell is :func:`rlkit.llm.train`'s (:class:`rlkit.llm.trainer.Run`): Adam at ``lr``, the
+    prompts' ``random.Random`` and the rollouts' generator seeded ``seed`` (on the GPU when the
+    model is there), the history, the clock, and the greedy held-out evaluation
+    (:func:`multiturn_metrics` of :func:`rollout_turns`) before the first update, every
+    ``eval_every`` updates and after the last. The model is trained in place (pass a copy to keep it).
 
     Args:
         model: a :class:`~rlkit.llm.GPT` (or any model of the protocol); tok: its tokenizer.
         task: a :class:`RetryTask`. config: a :class:`MultiTurnConfig` (default settings if None).
         eval_set: held-out problems for the greedy evaluations (default: ``eval_problems`` from the
-            test split, seed 1234).
+            test split, seed 1234; with ``eval_set`` given, ``eval_problems`` must keep its default).
 
     Returns:
         a :class:`MultiTurnResult`. Chapter: 15_turns_as_steps.
@@ -553,57 +589,25 @@ def train_multiturn(model, tok: CharTokenizer, task: RetryTask, config: MultiTur
     V.instance_of(tok, "tok", CharTokenizer)
     V.instance_of(task, "task", RetryTask)
     cfg = V.instance_of(MultiTurnConfig() if config is None else config, "config", MultiTurnConfig)
+    if eval_set is not None and cfg.eval_problems != MultiTurnConfig.eval_problems:
+        raise ValueError(f"MultiTurnConfig.eval_problems={cfg.eval_problems} is ignored when eval_set is given "
+                         f"({len(eval_set)} problems); leave it at its default or pass eval_set=None")
     evals_on = list(eval_set) if eval_set is not None else task.problems(cfg.eval_problems, seed=1234, split="test")
-    dev = _device_of(model)
-    gen = torch.Generator(device=dev if dev.type == "cuda" else "cpu").manual_seed(cfg.seed)
-    rng = random.Random(cfg.seed)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    keys = ("first_attempt", "solved", "mean_turns", "retry_accuracy", "repeat_rate")
-    history = {k: [] for k in (*keys, "push", "loss", "train_seconds")}
-    evals = {k: [] for k in ("step", *keys)}
-
-    def record_eval(step):
-        ev = _evaluate(model, tok, task, evals_on)
-        evals["step"].append(step)
-        for k in keys:
-            evals[k].append(ev[k])
-
-    record_eval(0)
-    model.train()
-    t_train = 0.0
-    max_tokens = task.max_turns * task.base.max_new_tokens
-    for step in range(cfg.steps):
-        t0 = time.perf_counter()
-        base = task.problems(cfg.prompts_per_step, rng, split="train")
-        probs = [p for p in base for _ in range(cfg.group_size)]
-        model.eval()
-        ro = rollout_turns(model, tok, task, probs, temperature=cfg.temperature, generator=gen)
-        model.train()
-        rew = ro.turn_rewards
-        if cfg.format_bonus > 0:
-            rew = rew + cfg.format_bonus * well_formed(ro) * ro.turn_mask
-        G = turn_returns(rew, ro.turn_mask, cfg.gamma)
-        A = turn_advantages(G, ro.turn_mask, cfg.group_size, cfg.baseline)
-        adv_tok = torch.where(ro.turn_index >= 0, A.gather(1, ro.turn_index.clamp_min(0)), 0.0)
-        logp = turn_logprobs(model, ro, temperature=cfg.temperature)
-        kw = {"max_len": max_tokens} if cfg.aggregation == "seq-mean-token-sum-norm" else {}
-        loss = aggregate(-adv_tok.detach() * logp, ro.action_mask, cfg.aggregation, **kw)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        clip_grad(model.parameters(), cfg.grad_clip)
-        opt.step()
-        t_train += time.perf_counter() - t0
-        mt = multiturn_metrics(ro)
-        for k in keys:
-            history[k].append(mt[k])
+    run = Run(model, tok, task, cfg, evaluation=lambda run: _greedy_metrics(run.model, tok, task, evals_on))
+    if run.device.type == "cuda":               # the rollouts draw their noise on the GPU
+        run.gen = torch.Generator(device=run.device).manual_seed(cfg.seed)
+    run.evaluate(0)
+    for k in range(cfg.steps):
+        run.start_update(k)                     # the clock
+        ro, A, loss, norm = turn_update(run, task)
+        run.stop_clock()
         first = ro.turn_rewards[:, 0] > 0
-        history["push"].append(A[first, 0].mean().item() if bool(first.any()) else float("nan"))
-        history["loss"].append(loss.item())
-        history["train_seconds"].append(t_train)
-        if (step + 1) % cfg.eval_every == 0 or step == cfg.steps - 1:
-            record_eval(step + 1)
+        run.log(**multiturn_metrics(ro), push=A[first, 0].mean().item() if bool(first.any()) else math.nan,
+                loss=loss, grad_norm=norm, train_seconds=run.train_time)
+        run.end_update()
+        run.end_step(k, False, None)
     model.eval()
-    return MultiTurnResult(model=model, config=cfg, history=history, evals=evals)
+    return MultiTurnResult(model=model, config=cfg, history=run.history, evals=run.evals)
 
 
 # ---------------------------------------------------------------------------- warm start
@@ -662,7 +666,7 @@ def retry_warm_start(model, tok: CharTokenizer, task: RetryTask = RETRY_ADDITION
     V.int_in(steps, "steps")
     V.int_in(batch_size, "batch_size")
     V.real_in(lr, "lr", 0.0, lo_open=True)
-    dev = _device_of(model)
+    dev = device_of(model)
     corpus = retry_corpus(task, n_conversations, seed=seed, carry_forget=carry_forget)
     fb = tok.encode(task.feedback)
     segs = []
