@@ -276,7 +276,7 @@ def recipe_parts(tok, cfg: RLConfig | None = None, recipe: RecipeConfig | None =
                  task: Task | None = None) -> tuple[Task, RLConfig, dict]:
     r"""The recipe as parts of :func:`rlkit.llm.train`: ``(task, cfg, kw)`` for ``train(model, tok, task, cfg, **kw)``.
 
-    ``kwargs`` holds ``sampler`` (:class:`~rlkit.llm.samplers.Lagged` with ``recipe.lag``, keeping at
+    ``kw`` holds ``sampler`` (:class:`~rlkit.llm.samplers.Lagged` with ``recipe.lag``, keeping at
     least 9 versions), ``advantages`` (:class:`~rlkit.llm.advantages.OffPolicy`, ``"vtrace"`` with
     ``clip_rho`` or ``"none"``, a Q critic, ``gamma``, ``lam`` and ``value_coef`` from ``cfg``), ``loss``
     (:class:`~rlkit.llm.lagged.ClippedLoss`), ``hooks`` (:class:`Judges`, :class:`UncertaintyWeight` if
