@@ -29,7 +29,7 @@ from rlkit.llm.lagged import (
     train_lagged,
 )
 from rlkit.llm.samplers import Lagged
-from rlkit.llm.trainer import HeldOut, Hook
+from rlkit.llm.trainer import HeldOut, Hook, consumed
 from rlkit.objectives import normalize_advantages
 from rlkit.staleness import LagDistribution
 
@@ -191,6 +191,7 @@ def test_train_lagged_consumes_a_simulated_actor_pool():
 
 
 SMALL = dict(algo="ppo", lam=1.0, steps=2, prompts_per_step=4, group_size=4, eval_every=2, eval_problems=16, seed=0)
+LOOP = {k: v for k, v in SMALL.items() if k != "lam"}   # for train() with OffPolicy, whose lam is 1 by default
 
 
 def test_train_lagged_is_train_with_its_parts():
@@ -201,7 +202,8 @@ def test_train_lagged_is_train_with_its_parts():
     model, tok = load_pretrained()
     old = train_lagged(model, tok, ADDITION, cfg, lag)
     model2, _ = load_pretrained()
-    new = train(model2, tok, ADDITION, cfg, sampler=Lagged(LagDistribution.uniform(2)),
+    # lam=1.0 is OffPolicy's own default; RLConfig's lam configures only the default PPO critic
+    new = train(model2, tok, ADDITION, consumed(cfg, "lam"), sampler=Lagged(LagDistribution.uniform(2)),
                 advantages=OffPolicy("vtrace", "q", clip_rho=2.0), loss=ClippedLoss("standard"),
                 hooks=[ValueProbes(every=1, rows=4, continuations=2)], evaluation=HeldOut(sampled=False, rewards=False))
     assert set(old.history) == set(new.history)
@@ -264,10 +266,10 @@ def test_train_lagged_honours_log_kl_now():
 def test_offpolicy_refuses_a_value_critic_for_retrace_and_value_probes_need_it():
     model, tok = load_pretrained()
     with pytest.raises(ValueError, match="Q over the vocabulary"):
-        train(model, tok, ADDITION, RLConfig(**SMALL), sampler=Lagged(1),
+        train(model, tok, ADDITION, RLConfig(**LOOP), sampler=Lagged(1),
               advantages=OffPolicy("retrace", ValueHead(load_pretrained()[0], tok.vocab_size)))
     with pytest.raises(RuntimeError, match="value_estimate"):
-        train(model, tok, ADDITION, RLConfig(**{**SMALL, "algo": "grpo"}), hooks=[ValueProbes(every=1)])
+        train(model, tok, ADDITION, RLConfig(**{**LOOP, "algo": "grpo"}), hooks=[ValueProbes(every=1)])
 
 
 class _Cost(Hook):
@@ -296,7 +298,7 @@ def test_offpolicy_values_a_cost_channel_beside_the_reward(critic, target):
     model, tok = load_pretrained()
     V, N, T = tok.vocab_size, 4 * 4, ADDITION.max_new_tokens
     cost = _Cost()
-    res = train(model, tok, ADDITION, RLConfig(**SMALL), sampler=Lagged(1), advantages=OffPolicy(target, critic),
+    res = train(model, tok, ADDITION, RLConfig(**LOOP), sampler=Lagged(1), advantages=OffPolicy(target, critic),
                 loss=ClippedLoss(), hooks=[cost, ValueProbes(every=1, rows=2, continuations=2)],
                 evaluation=HeldOut(sampled=False))
     assert res.critic.shape == ((2, V) if critic == "q" else (2,))
@@ -306,8 +308,8 @@ def test_offpolicy_values_a_cost_channel_beside_the_reward(critic, target):
     assert res.probes[0]["estimates"]["critic"].shape == (2, T)      # the reward's values
     assert math.isfinite(target_errors(res.probes, "vtrace(1)")[0])
     with pytest.raises(ValueError, match="no values for the value channel 'cost'"):
-        train(load_pretrained()[0], tok, ADDITION, RLConfig(**SMALL), sampler=Lagged(1),
+        train(load_pretrained()[0], tok, ADDITION, RLConfig(**LOOP), sampler=Lagged(1),
               advantages=OffPolicy(target, critic), hooks=[_Cost(give=False)])
     with pytest.raises(ValueError, match="value channels \\('cost',\\)"):
-        train(load_pretrained()[0], tok, ADDITION, RLConfig(**SMALL), sampler=Lagged(1),
+        train(load_pretrained()[0], tok, ADDITION, RLConfig(**LOOP), sampler=Lagged(1),
               advantages=OffPolicy(target, LogitHead(load_pretrained()[0], V, (V,))), hooks=[_Cost()])

@@ -36,6 +36,7 @@ from rlkit.safety import LagrangeMultiplier
 
 torch.set_num_threads(1)
 SMALL = dict(algo="ppo", lam=1.0, steps=3, prompts_per_step=4, group_size=4, lr=2e-4, value_lr=1e-3, seed=0)
+LOOP = {k: v for k, v in SMALL.items() if k != "lam"}   # for train() with OffPolicy, whose lam is 1 by default
 J3 = ("prefix", "contains", "close1")
 
 
@@ -166,7 +167,7 @@ def test_the_hooks_reproduce_the_recipes_advantage():
     mult = LagrangeMultiplier(budget=0.0, lr=1.0)
     cc = CostConstraint("cost", mult, when="after", whiten=False)
     raw, seen = _Raw(), _Seen(cc)
-    res = train(model, tok, RECIPE_TASK, RLConfig(**SMALL), sampler=Lagged(1), advantages=OffPolicy("vtrace", "q"),
+    res = train(model, tok, RECIPE_TASK, RLConfig(**LOOP), sampler=Lagged(1), advantages=OffPolicy("vtrace", "q"),
                 loss=ClippedLoss(), hooks=[Judges(J3), raw, UncertaintyWeight(alpha), cc, seen], evaluation=False)
     nus = [0.0] + res.history["nu"][:-1]
     for k, (r, s) in enumerate(zip(raw.seen, seen.seen)):
@@ -196,17 +197,17 @@ def test_the_hooks_reproduce_the_recipes_advantage():
 def test_uncertainty_weight_needs_judges_and_alpha_0_changes_nothing():
     model, tok = load_pretrained()
     with pytest.raises(ValueError, match="Judges"):
-        train(model, tok, RECIPE_TASK, RLConfig(**SMALL), sampler=Lagged(1), advantages=OffPolicy("vtrace", "q"),
+        train(model, tok, RECIPE_TASK, RLConfig(**LOOP), sampler=Lagged(1), advantages=OffPolicy("vtrace", "q"),
               loss=ClippedLoss(), hooks=[UncertaintyWeight(1.0)], evaluation=False)
     runs = []
     for hooks in ([Judges(J3)], [Judges(J3), UncertaintyWeight(0.0)]):
         model, tok = load_pretrained()
-        res = train(model, tok, RECIPE_TASK, RLConfig(**SMALL), sampler=Lagged(1),
+        res = train(model, tok, RECIPE_TASK, RLConfig(**LOOP), sampler=Lagged(1),
                     advantages=OffPolicy("vtrace", "q"), loss=ClippedLoss(), hooks=hooks, evaluation=False)
         runs.append((res.history["loss"], [p.clone() for p in model.parameters()]))
     assert runs[0][0] == runs[1][0] and all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1]))
     with pytest.raises(ValueError, match="judge"):
-        train(load_pretrained()[0], tok, RECIPE_TASK, RLConfig(**SMALL), hooks=[Judges(("nope",))], evaluation=False)
+        train(load_pretrained()[0], tok, RECIPE_TASK, RLConfig(**LOOP), hooks=[Judges(("nope",))], evaluation=False)
 
 
 def test_lagged_under_the_runs_processor_trains_the_processed_policy():
@@ -221,7 +222,7 @@ def test_lagged_under_the_runs_processor_trains_the_processed_policy():
             self.steps.append((step, copy.deepcopy(run.model)))
 
     look = Look()
-    train(model, tok, RECIPE_TASK, RLConfig(**SMALL), sampler=Lagged(1), advantages=OffPolicy("vtrace", "q"),
+    train(model, tok, RECIPE_TASK, RLConfig(**LOOP), sampler=Lagged(1), advantages=OffPolicy("vtrace", "q"),
           loss=ClippedLoss(), hooks=[CostConstraint("cost", None, when="after", whiten=False), look],
           evaluation=False, logits_processor=shield)
     for step, learner in look.steps:
@@ -235,7 +236,7 @@ def test_lagged_under_the_runs_processor_trains_the_processed_policy():
         assert torch.equal(step.logp_old[~old], ro.logprobs[~old])
     assert any(bool((s.age > 0).any()) for s, _ in look.steps)
     with pytest.raises(ValueError, match="not both"):
-        train(load_pretrained()[0], tok, RECIPE_TASK, RLConfig(**SMALL), sampler=Lagged(1, processor=shield),
+        train(load_pretrained()[0], tok, RECIPE_TASK, RLConfig(**LOOP), sampler=Lagged(1, processor=shield),
               advantages=OffPolicy("vtrace", "q"), loss=ClippedLoss(), evaluation=False, logits_processor=shield)
 
 
@@ -243,7 +244,7 @@ def test_lagged_keeps_more_versions_without_changing_a_sample():
     runs = []
     for keep in (None, 9):
         model, tok = load_pretrained()
-        res = train(model, tok, ADDITION, RLConfig(**SMALL), sampler=Lagged(1, keep=keep),
+        res = train(model, tok, ADDITION, RLConfig(**LOOP), sampler=Lagged(1, keep=keep),
                     advantages=OffPolicy("vtrace", "q"), loss=ClippedLoss(), evaluation=False)
         runs.append(res)
     assert runs[0].archive.versions == [2, 3] and runs[1].archive.versions == [0, 1, 2, 3]

@@ -196,3 +196,27 @@ def test_the_same_seed_gives_the_same_run(name, base):
         if k != "train_seconds":
             assert a.history[k] == pytest.approx(b.history[k], nan_ok=True, rel=0, abs=0), (name, k)
     assert all(torch.equal(x, y) for x, y in zip(ma.parameters(), mb.parameters())), name
+
+
+@pytest.mark.parametrize("cfg_kw,train_kw,match", [
+    (dict(algo="ppo", lam=0.9), "offpolicy", "RLConfig.lam configures the default PPO critic"),
+    (dict(algo="ppo", value_target="mc"), "offpolicy", "RLConfig.value_target"),
+    (dict(algo="grpo", gamma=0.9), None, "RLConfig.gamma configures PPO's critic, and algo='grpo' has no critic"),
+    (dict(algo="grpo", value_lr=1e-3), None, "RLConfig.value_lr is the critic's learning rate"),
+    (dict(algo="grpo", kl_coef=0.1), "kl", "RLConfig.kl_coef asks for a KL penalty, and hooks already hold one"),
+    (dict(algo="grpo", log_kl=True), "kl", "RLConfig.log_kl"),
+    (dict(algo="grpo", token_rewards=True), "dense", "RLConfig.token_rewards=True adds DenseRewards"),
+    (dict(algo="grpo"), "critic", "critic= is the default PPO estimator's value model"),
+])
+def test_a_shorthand_of_rlconfig_that_a_given_component_would_leave_unread_is_refused(base, cfg_kw, train_kw, match):
+    """RLConfig's KL, critic and dense-reward fields build the default components; next to an explicit
+    component that replaces them they would be silently ignored, so train refuses them by name."""
+    from rlkit.llm.advantages import OffPolicy
+    from rlkit.llm.heads import ValueHead
+    from rlkit.llm.trainer import DenseRewards
+    model, tok = copy.deepcopy(base[0]), base[1]
+    kw = {"offpolicy": dict(advantages=OffPolicy("vtrace")), "kl": dict(hooks=[KLPenalty(0.1)]),
+          "dense": dict(hooks=[DenseRewards("exact")]), "critic": dict(critic=ValueHead(copy.deepcopy(model), 56)),
+          None: {}}[train_kw]
+    with pytest.raises(ValueError, match=match.replace("(", r"\(").replace(")", r"\)")):
+        train(model, tok, ADDITION, RLConfig(**{**SMALL, **cfg_kw}), **kw)

@@ -51,7 +51,7 @@ from .samplers import Fresh
 from .sampling import Rollout, call_model, sample, token_logprobs
 from .tasks import Problem, Task
 from .tokenizer import CharTokenizer
-from .trainer import Hook, KLPenalty, RLResult, train
+from .trainer import KL_FIELDS, Hook, KLPenalty, RLResult, consumed, train
 
 __all__ = ["pass_at_k", "distinct_correct", "group_diversity_bonus", "RunningMeanStd", "RND",
            "DiversityBonus", "RNDBonus", "EntropyBonus", "ModelEval",
@@ -602,7 +602,7 @@ def train_explore(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfi
               RNDBonus(explore.rnd_coef, lr=explore.rnd_lr, steps=explore.rnd_steps, out=explore.rnd_out,
                        width=explore.rnd_width, normalize=explore.normalize, encoder=encoder),
               EntropyBonus(explore.entropy_coef)]
-    res = train(model, tok, task, cfg.replace(kl_coef=0.0, log_kl=None), hooks=hooks,
+    res = train(model, tok, task, consumed(cfg, *KL_FIELDS), hooks=hooks,
                 sampler=Fresh(recompute=cfg.temperature != 1.0), logits_processor=logits_processor,
                 evaluation=False if eval_fn is None else ModelEval(eval_fn),
                 callback=None if callback is None else lambda k, history, evals: callback(k, history))

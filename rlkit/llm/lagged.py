@@ -12,7 +12,7 @@ tokens must be corrected too, with the off-policy multi-step targets of :mod:`rl
 
 The chapter's learner is :func:`rlkit.llm.train` with four parts::
 
-    train(model, tok, ADDITION, RLConfig(algo="ppo", lam=1.0),
+    train(model, tok, ADDITION, RLConfig(algo="ppo"),
           sampler=Lagged(LagDistribution.uniform(8)),          # or Pool(pool): real actors
           advantages=OffPolicy("vtrace", critic="q"),
           loss=ClippedLoss("standard"),
@@ -54,7 +54,7 @@ from .samplers import Lagged, Pool
 from .sampling import Rollout, sample
 from .tasks import Problem, Task
 from .tokenizer import CharTokenizer
-from .trainer import HeldOut, Hook, RLResult, Step, train
+from .trainer import HeldOut, Hook, RLResult, Step, consumed, train
 
 __all__ = ["TARGETS", "PROBES", "QHead", "LaggedConfig", "LaggedResult", "offpolicy_targets", "continuation_values",
            "target_errors", "ValueProbes", "ClippedLoss", "train_lagged"]
@@ -422,10 +422,12 @@ def train_lagged(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig
     cfg, lagged = _check_lagged_args(cfg, lagged, pool, timeout)
     probes = [] if lagged.probe_every is None else \
         [ValueProbes(lagged.probe_every, lagged.probe_rows, lagged.probe_continuations)]
-    res = train(model, tok, task, cfg, sampler=Lagged(lagged.lag) if pool is None else Pool(pool, timeout),
+    res = train(model, tok, task, consumed(cfg, "gamma", "lam", "value_coef"),
+                sampler=Lagged(lagged.lag) if pool is None else Pool(pool, timeout),
                 advantages=OffPolicy(lagged.target, lagged.critic, clip_rho=lagged.clip_rho, clip_c=lagged.clip_c,
                                      normalize=lagged.normalize, gamma=cfg.gamma, lam=cfg.lam, coef=cfg.value_coef),
                 loss=ClippedLoss(lagged.method), hooks=probes,
                 evaluation=HeldOut(eval_problems, sampled=False, rewards=False), verbose=verbose)
+    res.config = cfg                             # the settings as given (gamma, lam: the estimator's)
     res.extras = {"probes": [], "consumed": [], **res.extras}
     return LaggedResult(**vars(res), lagged=lagged)

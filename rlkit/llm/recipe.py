@@ -6,7 +6,7 @@ The source article ends with a recipe: start from **PPO + GAE + V-trace + Lagran
 **uncertainty-aware weighting** and **value-guided decoding**. Every piece was built in an earlier
 chapter, so the recipe is a list of parts of the one training loop, and an ablation removes one::
 
-    train(model, tok, RECIPE_TASK, RLConfig(algo="ppo", lam=1.0),
+    train(model, tok, RECIPE_TASK, RLConfig(algo="ppo"),
           sampler=Lagged(LagDistribution.uniform(4)),               # lagged actors (chapter 16)
           advantages=OffPolicy("vtrace", "q"),                      # V-trace, a Q critic per channel
           loss=ClippedLoss(),                                       # PPO-clip of pi_theta / mu
@@ -71,7 +71,7 @@ from .safety import FORBIDDEN, CostConstraint, forbidden_task, substring_shield
 from .samplers import Lagged
 from .tasks import Problem, Task, contains_answer, numeric_close, prefix_match
 from .tokenizer import CharTokenizer
-from .trainer import Hook, RLResult, train
+from .trainer import Hook, RLResult, consumed, train
 
 __all__ = ["SLOPPY_JUDGES", "RECIPE_TASK", "ensemble_rewards", "Judges", "UncertaintyWeight", "q_guidance",
            "RecipeConfig", "recipe_parts", "train_recipe", "evaluate_recipe",
@@ -302,7 +302,7 @@ def recipe_parts(tok, cfg: RLConfig | None = None, recipe: RecipeConfig | None =
                                    coef=cfg.value_coef),
               loss=ClippedLoss("standard"), hooks=hooks, evaluation=False,
               logits_processor=substring_shield(tok, FORBIDDEN) if recipe.shield else None)
-    return task, cfg, kw
+    return task, consumed(cfg, "gamma", "lam", "value_coef"), kw
 
 
 def _check_recipe(recipe: RecipeConfig) -> None:
@@ -349,8 +349,9 @@ def train_recipe(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig
         raise ValueError(f"task {task.name!r} has no 'cost' checker; use rlkit.llm.recipe.RECIPE_TASK")
     for j in recipe.judges:
         V.choice(j, "a judge of RecipeConfig.judges", list(task.checkers))
-    task, cfg, kw = recipe_parts(tok, cfg, recipe, task)
-    res = train(model, tok, task, cfg, verbose=verbose, **kw)
+    task, loop_cfg, kw = recipe_parts(tok, cfg, recipe, task)
+    res = train(model, tok, task, loop_cfg, verbose=verbose, **kw)
+    res.config = cfg.resolved()                  # the settings as given (gamma, lam: the estimator's)
     res.extras.update(lam=res.nu, recipe=recipe)
     return res
 

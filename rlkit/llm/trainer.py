@@ -81,6 +81,7 @@ from .tasks import Problem, Task
 from .tokenizer import CharTokenizer
 
 __all__ = ["Step", "Hook", "Run", "RLResult", "PolicyLoss", "KLPenalty", "DenseRewards", "HeldOut", "train", "assemble",
+           "consumed",
            "steps_to_reach"]
 
 
@@ -477,6 +478,41 @@ class DenseRewards(Hook):
                                            self.checker).to(run.device)
 
 
+#: RLConfig's shorthand fields for the default components: each is read only where that component is built
+#: from it (the KL penalty, PPO's TokenGAE critic, the dense rewards).
+CRITIC_FIELDS = ("gamma", "lam", "value_coef", "value_target", "value_nstep", "value_lam")
+KL_FIELDS = ("kl_coef", "kl_estimator", "kl_in", "log_kl")
+
+
+def _refuse_shadowed(given: RLConfig, cfg: RLConfig, advantages, hooks, critic) -> None:
+    """Refuse an RLConfig shorthand that an explicitly given component would leave unread, naming the field."""
+    default = RLConfig()
+    changed = [f for f in CRITIC_FIELDS if getattr(given, f) != getattr(default, f)]
+    if changed and advantages is not None:
+        raise ValueError(f"RLConfig.{changed[0]} configures the default PPO critic (TokenGAE), which the estimator "
+                         f"given to train replaces: pass it to that estimator (e.g. OffPolicy(lam=...))")
+    if changed and cfg.algo != "ppo":
+        raise ValueError(f"RLConfig.{changed[0]} configures PPO's critic, and algo={cfg.algo!r} has no critic")
+    if given.value_lr not in (None, given.lr) and advantages is None and cfg.algo != "ppo":
+        raise ValueError(f"RLConfig.value_lr is the critic's learning rate, and algo={cfg.algo!r} has no critic")
+    if critic is not None and (advantages is not None or cfg.algo != "ppo"):
+        raise ValueError("critic= is the default PPO estimator's value model; with another estimator pass the "
+                         "critic to it (TokenGAE(critic) or OffPolicy(critic=...))")
+    kl_hooks = [h for h in hooks if isinstance(h, KLPenalty)]
+    kl_changed = [f for f in KL_FIELDS if getattr(given, f) != getattr(default, f)]
+    if kl_hooks and kl_changed:
+        raise ValueError(f"RLConfig.{kl_changed[0]} asks for a KL penalty, and hooks already hold one: set the "
+                         f"penalty in one place (KLPenalty(coef, estimator, where) or RLConfig's KL fields)")
+    if cfg.token_rewards and any(isinstance(h, DenseRewards) for h in hooks):
+        raise ValueError("RLConfig.token_rewards=True adds DenseRewards, and hooks already hold one: use one of them")
+
+
+def consumed(cfg: RLConfig, *fields: str) -> RLConfig:
+    """``cfg`` with ``fields`` back at their defaults: for a caller that has passed them to a component itself."""
+    default = RLConfig()
+    return cfg.replace(**{f: getattr(default, f) for f in fields})
+
+
 def _default_parts(cfg: RLConfig, ref_model, critic):
     """The estimator and hooks that ``RLConfig``'s KL, critic and dense-reward fields ask for."""
     hooks = []
@@ -506,6 +542,7 @@ def assemble(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig | N
     ``cfg``'s KL fields put a :class:`KLPenalty` first in the hooks (with ``ref_model``), and
     ``cfg.token_rewards`` a :class:`DenseRewards`; ``cfg.algo`` picks the default estimator.
     """
+    given = RLConfig() if cfg is None else cfg
     cfg = check_train_args(tok, task, cfg)
     if logits_processor is not None and not callable(logits_processor):
         raise TypeError(f"logits_processor must be a callable f(context_ids, context_mask, logits) -> logits "
@@ -514,6 +551,7 @@ def assemble(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig | N
     for i, h in enumerate(hooks):
         if not isinstance(h, Hook):
             raise TypeError(f"hooks[{i}] must be an rlkit.llm.trainer.Hook, got {type(h).__name__}")
+    _refuse_shadowed(given, cfg, advantages, hooks, critic)
     est, cfg_hooks = _default_parts(cfg, ref_model, critic)
     hooks = [*cfg_hooks, *hooks]
     sampler, advantages, loss = sampler or Fresh(), advantages or est, loss or PolicyLoss()
