@@ -1,6 +1,6 @@
-r"""The tiny LLM: a character-level GPT, verifiable tasks, a sampler with log-probs, RL trainers.
+r"""The tiny LLM: a character-level GPT, verifiable tasks, a sampler with log-probs, and one RL training loop.
 
-Chapter: 07_tiny_llm introduces it; Part II and the reward-hacking chapter build on it.
+Chapter: 07_tiny_llm introduces it; Parts II and III train it, each chapter adding a part to the one loop.
 
 Quick start::
 
@@ -35,12 +35,20 @@ The pieces, top to bottom:
 * **Checkpoints** (:mod:`rlkit.llm.checkpoint`): :func:`load_pretrained`,
   :func:`load_checkpoint` (validates config, hash and tensors), :func:`save_checkpoint`;
   ``python -m rlkit.llm.pretrain`` reproduces the shipped weights.
-* **RL** (:mod:`rlkit.llm.rl`): :class:`RLConfig`, :func:`train` for ``algo`` in
-  ``"reinforce", "rloo", "grpo", "dr_grpo", "dapo", "gspo", "ppo"``, a KL term to the reference
-  (``kl_coef``, ``kl_estimator`` "k1"/"k3", ``kl_in`` "loss"/"reward"), per-step logs and held-out
-  evaluations in the returned :class:`RLResult`; :class:`ValueHead` is PPO's critic;
-  :func:`policy_loss` is the per-algorithm policy loss that :func:`train` minimises. ``RLConfig`` is
-  frozen and checked field by field when built; ``cfg.replace(steps=50)`` is a checked copy.
+* **The loop** (:mod:`rlkit.llm.trainer`): :func:`train` runs one RL loop built from four parts,
+  a sampler (:mod:`rlkit.llm.samplers`: :class:`Fresh`, :class:`Lagged` versions, an actor
+  :class:`Pool`), an advantage estimator (:mod:`rlkit.llm.advantages`: :class:`Group`,
+  :class:`TokenGAE`, :class:`OffPolicy`), a policy loss (:class:`PolicyLoss`) and a list of
+  :class:`Hook` objects (a :class:`KLPenalty`, :class:`DenseRewards`, and each Part III chapter's
+  own). :class:`Run` is the shell every trainer shares (optimiser, generators, log, evaluations,
+  clock), :class:`RLResult` what it returns; the module docstring has the table of logged keys.
+* **Algorithms and settings** (:mod:`rlkit.llm.rl`): :class:`RLConfig` (frozen, checked field by field;
+  ``cfg.replace(steps=50)`` is a checked copy) for ``algo`` in ``"reinforce", "rloo", "grpo",
+  "dr_grpo", "dapo", "gspo", "ppo"``; :func:`sequence_advantages` and :func:`policy_loss`;
+  its KL and critic fields are shorthands that build the default :class:`KLPenalty` and
+  :class:`TokenGAE`.
+* **Critics** (:mod:`rlkit.llm.heads`): :class:`LogitHead`, one zero-initialised linear head of an
+  LM's logits (or hidden states) of any output shape; :class:`ValueHead` is PPO's.
 * **Credit over tokens** (:mod:`rlkit.llm.credit`, chapter 14): per-token rewards
   (:func:`terminal_rewards`, :func:`dense_rewards` with :func:`digit_rewards`,
   :func:`kl_token_rewards`), critic targets (:func:`value_targets`) and GAE advantages
@@ -51,7 +59,15 @@ The pieces, top to bottom:
   and behaviour log-probs in one token row per conversation), per-turn returns and advantages
   (:func:`turn_returns`, :func:`token_discounts`, :func:`turn_advantages`), the turn-level trainer
   :func:`train_multiturn` and the format warm start :func:`retry_warm_start`.
+* **Part III, one module per chapter**, each holding the chapter's hooks and tasks:
+  :mod:`rlkit.llm.stale` (12: staleness control), :mod:`rlkit.llm.lagged` (16: off-policy targets,
+  value probes), :mod:`rlkit.llm.actors` (16: an actor pool's sampler), :mod:`rlkit.llm.safety`
+  (18: the cost constraint, shields), :mod:`rlkit.llm.dro` (19: robust weights),
+  :mod:`rlkit.llm.guided` (20: value-guided decoding), :mod:`rlkit.llm.offline` (21),
+  :mod:`rlkit.llm.explore` (22: bonuses), :mod:`rlkit.llm.hierarchy` (23),
+  :mod:`rlkit.llm.recipe` (24: the recipe as a list of hooks), :mod:`rlkit.llm.hf` (25: Hugging Face models).
 """
+from .advantages import Group, OffPolicy, TokenGAE
 from .checkpoint import CheckpointError, load_checkpoint, load_pretrained, save_checkpoint
 from .credit import (
     VALUE_TARGETS,
@@ -72,6 +88,7 @@ from .credit import (
 )
 from .evaluation import encode_prompts, evaluate
 from .gru import TinyGRULM
+from .heads import LogitHead
 from .model import GPT, GPTConfig, KVCache
 from .multiturn import (
     RETRY_ADDITION,
@@ -92,6 +109,7 @@ from .multiturn import (
     well_formed,
 )
 from .rl import ALGOS, RLConfig, ValueHead, collect, policy_loss, sequence_advantages
+from .samplers import Fresh, Lagged, Pool
 from .sampling import (
     Rollout,
     apply_logits_processor,
@@ -116,7 +134,7 @@ from .tasks import (
     prefix_match,
 )
 from .tokenizer import CharTokenizer
-from .trainer import RLResult, steps_to_reach, train
+from .trainer import DenseRewards, HeldOut, Hook, KLPenalty, PolicyLoss, RLResult, Run, Step, steps_to_reach, train
 
 __all__ = [
     "GPT", "GPTConfig", "KVCache", "TinyGRULM", "CharTokenizer",
@@ -127,7 +145,8 @@ __all__ = [
     "evaluate", "encode_prompts",
     "load_pretrained", "load_checkpoint", "save_checkpoint", "CheckpointError",
     "ALGOS", "RLConfig", "RLResult", "ValueHead", "train", "collect", "sequence_advantages", "policy_loss",
-    "steps_to_reach",
+    "steps_to_reach", "Step", "Hook", "Run", "PolicyLoss", "KLPenalty", "DenseRewards", "HeldOut",
+    "Fresh", "Lagged", "Pool", "Group", "TokenGAE", "OffPolicy", "LogitHead",
     "digit_rewards", "VALUE_TARGETS", "response_mask", "terminal_rewards", "dense_rewards", "kl_token_rewards",
     "response_discounts", "value_targets", "token_advantages", "state_values", "first_wrong_token",
     "most_negative_token", "exact_match_values", "mc_prefix_values", "token_kl_exact", "HiddenValueHead",

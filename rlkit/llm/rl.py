@@ -1,18 +1,14 @@
-r"""RL trainers for language models with verifiable rewards, built on :mod:`rlkit.objectives`.
+r"""The RL algorithms for language models with verifiable rewards, and the settings of the loop that runs them.
 
 Chapter: 07_tiny_llm (and every later chapter that trains the tiny LLM).
 
-One step of every trainer:
-
-1. **Sample.** Draw ``prompts_per_step`` training prompts, sample ``group_size`` responses to
-   each (the completions of one prompt are consecutive rows), score them with the task's checker.
-2. **Score the tokens.** Log-probs of the sampled tokens under the policy before the update
-   (:math:`\pi_{\text{old}}`) and under the frozen reference model (:math:`\pi_{\text{ref}}`).
-3. **Advantages.** One number per response (REINFORCE, RLOO, the GRPO family) or per token (PPO).
-4. **Update.** ``epochs`` passes over the batch in ``minibatches`` pieces, minimising the
-   algorithm's loss plus, optionally, a KL term to the reference model. REINFORCE and RLOO have
-   no ratio to correct for a policy that moved, so they default to one step per batch; the
-   clipped algorithms default to two (the second is slightly off-policy, which the clip handles).
+The loop itself is :func:`rlkit.llm.train` (:mod:`rlkit.llm.trainer`); this module holds what it is
+configured with: :class:`RLConfig`, the per-algorithm advantages (:func:`sequence_advantages`) and
+policy loss (:func:`policy_loss`), and :func:`collect`, which samples and scores a step's groups.
+Every step draws ``prompts_per_step`` training prompts and samples ``group_size`` responses to each
+(the completions of one prompt are consecutive rows). REINFORCE and RLOO have no ratio to correct
+for a policy that moved, so they default to one optimiser step per batch; the clipped algorithms
+default to two (the second is slightly off-policy, which the clip handles).
 
 =========  =================================================  ==============================  =======================
 ``algo``   advantage of response :math:`i` (token :math:`t`)  policy loss                     aggregation (default)
@@ -68,27 +64,16 @@ has; (4) the defaults differ: TRL's default ``loss_type`` is ``dapo`` with a sym
 (:math:`\epsilon_{high} = \epsilon = 0.2`), rlkit's ``algo="dapo"`` clips at (0.2, 0.28) and
 resamples zero-variance groups; both default to :math:`\beta = 0` and std-scaled rewards.
 
-Logged per step (``RLResult.history[key]``, one entry per step, NaN where not measured):
-``reward`` (the checker's reward), ``accuracy`` (exact-match of the sampled responses),
-``kl`` (k3 estimate of KL(pi || pi_ref) per token; NaN when the reference is not run, see
-``RLConfig.log_kl``), ``entropy`` (per token), ``clip_fraction``,
-``zero_var_share`` (groups whose rewards are all equal: no gradient from them),
-``response_length``, ``loss``, ``grad_norm``, ``train_seconds`` (cumulative, evaluation excluded).
-Every ``eval_every`` updates (and before the first, and after the last) ``RLResult.evals`` records
-``greedy_accuracy`` and ``sampled_accuracy`` on held-out prompts (exact match), and, when the
-reward is a proxy checker, ``greedy_reward`` and ``sampled_reward`` under that checker.
+What the loop logs, and what each key means, is in :mod:`rlkit.llm.trainer`.
 """
 from __future__ import annotations
 
-import copy
 import random
 from dataclasses import dataclass
 
 import torch
-import torch.nn as nn
 
 from .. import _validate as V
-from ..divergences import kl_k1, kl_k3
 from ..objectives import (
     AGGREGATIONS,
     grpo_advantages,
@@ -230,13 +215,6 @@ class Batch:
     zero_var_share: float          # of the first sampling round
 
 
-_cat_rollouts = cat_rollouts   # TODO(0.3): rlkit.distributed's spelling, removed when its LLM part moves
-
-
-def _select(ro: Rollout, idx: torch.Tensor) -> Rollout:   # TODO(0.3): Rollout.select; removed with the old trainers
-    return ro.select(idx)
-
-
 @torch.no_grad()
 def collect(model, tok: CharTokenizer, task: Task, cfg: RLConfig, rng: random.Random,
             generator: torch.Generator, device=None, prompts: int | None = None,
@@ -280,7 +258,7 @@ def collect(model, tok: CharTokenizer, task: Task, cfg: RLConfig, rng: random.Ra
         if len(rows_idx) == 0:
             continue
         kept_problems += [rows[i] for i in rows_idx.tolist()]
-        kept_rollouts.append(_select(ro, rows_idx.to(ro.response_ids.device)))
+        kept_rollouts.append(ro.select(rows_idx.to(ro.response_ids.device)))
         kept_rewards.append(rewards[rows_idx])
         kept_correct.append(correct[rows_idx])
         kept_resp += [resp[i] for i in rows_idx.tolist()]
@@ -306,10 +284,6 @@ def sequence_advantages(rewards: torch.Tensor, algo: str, group_size: int) -> to
     if algo == "dr_grpo":
         return grpo_advantages(rewards, group_size, scale="none")
     raise ValueError(f"sequence_advantages: no sequence-level advantage for algo {algo!r}")
-
-
-def _kl_estimate(name: str, logp, logp_ref):
-    return kl_k1(logp, logp_ref) if name == "k1" else kl_k3(logp, logp_ref)
 
 
 def policy_loss(cfg: RLConfig, logp: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor,
@@ -384,23 +358,3 @@ def refuse_unread(cfg: RLConfig | None, trainer: str, unread: dict) -> None:
         if x not in allowed:
             ok = " or ".join(repr(a) for a in allowed)
             raise ValueError(f"{trainer} does not read RLConfig.{name} ({why}): leave it at {ok}, got {x!r}")
-
-
-
-_train_args = check_train_args   # TODO(0.3): the old trainers' spelling, removed once they are hooks
-
-
-def _reference_model(model: nn.Module, ref_model: nn.Module | None, cfg: RLConfig):
-    """``(use_ref, ref_model)``: whether the reference runs (``RLConfig.log_kl``), and the frozen reference.
-
-    Without a given ``ref_model`` the reference is a copy of ``model`` taken now, made only when it
-    will run; a given one is put in eval mode and frozen either way.
-    """
-    use_ref = cfg.kl_coef > 0 if cfg.log_kl is None else cfg.log_kl
-    if ref_model is None and use_ref:
-        ref_model = copy.deepcopy(model)
-    if ref_model is not None:
-        ref_model.eval()
-        for p in ref_model.parameters():
-            p.requires_grad_(False)
-    return use_ref, ref_model

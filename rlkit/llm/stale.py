@@ -35,7 +35,7 @@ from ..objectives import clipped_policy_loss
 from ..staleness import StaleTrainingConfig, TrainingGuard, staleness, staleness_filter, update_shift
 from .rl import RLConfig, check_train_args, refuse_unread
 from .samplers import Lagged
-from .sampling import cat_rollouts, token_logprobs
+from .sampling import token_logprobs
 from .tasks import Problem, Task
 from .tokenizer import CharTokenizer
 from .trainer import HeldOut, Hook, RLResult, Step, train
@@ -45,11 +45,6 @@ __all__ = ["StaleLoss", "StaleControl", "StaleResult", "train_stale_grpo"]
 _ALGOS = ("grpo", "dr_grpo")
 
 StaleResult = RLResult   # TODO(0.4): the 0.2 name of train_stale_grpo's result; its extras: stale, alerts, rollbacks
-
-
-def _cat(parts):
-    # TODO(0.3): only for rlkit/llm/recipe.py's old `from .stale import _cat`; remove once it uses cat_rollouts
-    return cat_rollouts(parts, 0)
 
 
 def _stale_config(stale) -> StaleTrainingConfig:

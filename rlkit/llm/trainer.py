@@ -28,31 +28,53 @@ One update (:func:`train`'s loop, in this order):
    rollback; returning True stops training), ``sampler.publish(run)``, the log and the held-out
    evaluation every ``eval_every`` updates.
 
-**What is logged** (``RLResult.history[key]``, one entry per update, NaN where a step did not
-measure it). Every key means one thing in every run:
+**What is logged** (``RLResult.history[key]``, one entry per update, NaN where an update did not
+measure it). Every key means one thing in every run, whichever chapter's parts produced it:
 
-=====================  ==========================================================================
-key                    meaning
-=====================  ==========================================================================
-``reward``             mean reward of the step's responses under the checker (``RLConfig.checker``)
-``accuracy``           mean exact-match of the step's responses (the true reward)
-``response_length``    mean number of response tokens (``<eos>`` included)
-``zero_var_share``     share of groups whose rewards were all equal (no gradient from them; fresh sampling)
-``loss``               mean over minibatches of the minimised loss (policy loss + hooks' terms)
-``grad_norm``          mean over minibatches of the policy's gradient norm before clipping
-``clip_fraction``      mean over minibatches of the share of tokens whose ratio was clipped
-``entropy``            mean over minibatches of the policy's entropy per trained token (nats)
-``value_loss``         mean over minibatches of the critic's loss (estimators with a critic)
-``train_seconds``      cumulative wall-clock seconds of training, evaluations excluded
-``kl``                 per-token k3 estimate of KL(pi_old || pi_ref) on the step's samples (:class:`KLPenalty`)
-``kl_seq``             mean over responses of the KL penalty's sum over the response, before beta
-                       (:class:`KLPenalty` in the reward; with k1 the sequence log-ratio log pi_old(y)/pi_ref(y))
-=====================  ==========================================================================
+=========================  =====================================================================================
+key                        meaning (who logs it)
+=========================  =====================================================================================
+``reward``                 mean reward of the update's responses under the checker (``RLConfig.checker``; with
+                           :class:`rlkit.llm.recipe.Judges` the judges' mean)
+``accuracy``               mean exact-match of the update's responses (the true reward)
+``response_length``        mean number of response tokens (``<eos>`` included)
+``zero_var_share``         share of groups whose rewards were all equal, so no gradient (fresh sampling only)
+``loss``                   mean over minibatches of the minimised loss: policy loss plus the hooks' terms
+``grad_norm``              mean over minibatches of the policy's gradient norm before clipping
+``clip_fraction``          mean over minibatches of the share of tokens whose ratio was clipped
+``entropy``                mean over minibatches of the policy's entropy per trained token (nats)
+``value_loss``             mean over minibatches of the critic's loss on the reward (estimators with a critic)
+``<channel>_value_loss``   the same for a value channel, e.g. ``cost_value_loss`` (chapter 18)
+``train_seconds``          cumulative wall-clock seconds of training, evaluations excluded
+``kl``                     per-token k3 estimate of KL(pi_old || pi_ref) on the update's samples (:class:`KLPenalty`)
+``kl_seq``                 mean over responses of the KL penalty's sum over the response, before beta
+                           (:class:`KLPenalty` in the reward; with k1 the sequence log-ratio)
+``kl_update``              per-token k3 estimate of KL(pi_k || pi_k+1), the update's own size, on the
+                           trained tokens (:class:`rlkit.llm.stale.StaleControl`)
+``update_shift``           :math:`\hat U_k`, the update's shift on the samples (``StaleControl``)
+``staleness``              :math:`\hat S_k`, the distance of the samplers from :math:`\pi_k` (``StaleControl``,
+                           :class:`~rlkit.llm.advantages.OffPolicy`)
+``staleness_kept``         :math:`\hat S_k` on the tokens the filter kept (``StaleControl``)
+``mean_age``               mean version age of the update's responses (lagged sampling)
+``drop_share``             share of tokens the window and filter removed (``StaleControl``)
+``ess``                    effective sample share of the ratios :math:`\pi_k/\mu` (``StaleControl``)
+``lr``                     the learning rate used (``StaleControl``: schedule times the guard's scale)
+``alerts``, ``rolled_back``  the guard's alerts and rollback at this update (``StaleControl``)
+``cost``                   mean cost of the update's responses (:class:`rlkit.llm.safety.CostConstraint`)
+``nu``                     the Lagrange multiplier after the update (``CostConstraint``)
+``shield_rate``            share of responses whose shield removed probability (:class:`rlkit.llm.safety.ShieldRate`)
+``group_share/<group>``    share of the update's prompts from a group (:class:`rlkit.llm.dro.DROWeights`)
+``bonus_div``, ``bonus_rnd``  mean diversity and novelty bonus (:mod:`rlkit.llm.explore`'s hooks)
+``rnd_raw``                mean raw RND prediction error, before normalisation (``RNDBonus``)
+``distinct_correct``       mean number of distinct correct answers per group (``DiversityBonus``)
+``sigma``                  mean spread of the judges' scores (:class:`rlkit.llm.recipe.Judges`)
+=========================  =====================================================================================
 
-Hooks add their own keys (listed in their docstrings). ``RLResult.evals`` holds the held-out
-evaluations: ``step`` (updates done before it, 0 = the base model), ``train_seconds`` and what the
-evaluation returns (:class:`HeldOut`: ``greedy_accuracy``, ``sampled_accuracy``, and with a proxy
-checker ``greedy_reward`` and ``sampled_reward``).
+The multi-turn and hierarchical trainers (chapters 15 and 23) log through the same :class:`Run`, with
+keys of their own (``first_attempt``, ``retry_accuracy``, ``mean_turns``, ...; ``step1``, ``final``, ...)
+described in their modules. ``RLResult.evals`` holds the held-out evaluations: ``step`` (updates done
+before it, 0 = the base model), ``train_seconds`` and what the evaluation returns (:class:`HeldOut`:
+``greedy_accuracy``, ``sampled_accuracy``, and with a proxy checker ``greedy_reward`` and ``sampled_reward``).
 """
 from __future__ import annotations
 
