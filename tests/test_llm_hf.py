@@ -248,17 +248,3 @@ def test_grpo_on_mapped_weights_matches_the_tiny_gpt_step_for_step():
     b = train(lm, HFTokenizer(char_tokenizer_to_hf(tok)), ADDITION, cfg)
     assert a.history["reward"] == b.history["reward"]
     assert all(abs(x - y) < 1e-4 for x, y in zip(a.history["loss"], b.history["loss"]))
-
-
-def test_stale_and_lagged_trainers_run_on_an_hf_model():
-    from rlkit.llm.lagged import LaggedConfig, train_lagged
-    from rlkit.llm.stale import train_stale_grpo
-    from rlkit.staleness import LagDistribution, StaleTrainingConfig
-
-    r = train_stale_grpo(HFCausalLM(tiny_gpt2()), TOK, ODD, RLConfig(**SMALL),
-                         StaleTrainingConfig(method="decoupled", lag=1))
-    assert r.history["mean_age"] == [0.0, 1.0] and all(math.isfinite(x) for x in r.history["loss"])
-    cfg = RLConfig(algo="ppo", lam=1.0, **SMALL)
-    res = train_lagged(HFCausalLM(tiny_llama()), TOK, ODD, cfg,
-                       LaggedConfig(target="vtrace", lag=LagDistribution.uniform(2), probe_every=100))
-    assert all(math.isfinite(x) for x in res.history["value_loss"])

@@ -1,9 +1,12 @@
-"""Part III's trainers run unchanged on a Hugging Face model through rlkit.llm.hf.
+"""Part III's trainers with their own rollouts run unchanged on a Hugging Face model through rlkit.llm.hf.
 
-Each trainer that takes a model is run for a couple of updates on the tiny GPT's weights mapped
-into an HF GPT-2 (``gpt_to_hf``), with the char tokenizer wrapped as an HF tokenizer; the
-parameters must move and the logged losses be finite. Chapter 16's lagged learner is covered in
-tests/test_llm_hf.py. Not covered: the heads of chapters 14 and 20 that read the tiny GPT's hidden
+Every configuration of the one loop (the hooks of chapters 12, 16, 18, 19, 22 and 24 among them) is run on
+a Hugging Face model by tests/test_loop_properties.py, one test over all of them; what stays here are the
+trainers with rollouts of their own (chapters 15 and 23) and RND's encoder on an HF model (chapter 22).
+
+Each runs for a couple of updates on the tiny GPT's weights mapped into an HF GPT-2 (``gpt_to_hf``),
+with the char tokenizer wrapped as an HF tokenizer; the parameters must move and the logged losses be
+finite. Not covered: the heads of chapters 14 and 20 that read the tiny GPT's hidden
 states (``GPT(return_hidden=True)``); they are critics, not trainers.
 """
 from __future__ import annotations
@@ -36,34 +39,6 @@ def moved(before, model):
 
 def snapshot(model):
     return [p.detach().clone() for p in model.parameters()]
-
-
-def test_cost_constraint_with_a_shield():
-    from rlkit.llm import train
-    from rlkit.llm.safety import FORBIDDEN_ADDITION, CostConstraint, ShieldRate, substring_shield
-    from rlkit.safety import LagrangeMultiplier
-
-    lm, tok = hf_model()
-    before = snapshot(lm)
-    cfg = RLConfig(algo="ppo", steps=2, prompts_per_step=4, group_size=2, minibatches=1, lr=3e-4)
-    res = train(lm, tok, FORBIDDEN_ADDITION, cfg, hooks=[CostConstraint("cost", LagrangeMultiplier(budget=0.0, lr=1.0)),
-                                                         ShieldRate()],
-                logits_processor=substring_shield(tok, ["13"]), evaluation=False)
-    assert moved(before, lm) and all(math.isfinite(x) for x in res.array("value_loss"))
-    assert all(math.isfinite(x) for x in res.array("cost_value_loss")) and res.nu == res.array("nu")[-1]
-
-
-def test_dro_weights():
-    from rlkit.llm import train
-    from rlkit.llm.dro import ADDITION_GROUPS, DROWeights, GroupAccuracy, group_mixture, group_problems
-
-    lm, tok = hf_model()
-    before = snapshot(lm)
-    task = group_mixture(ADDITION_GROUPS, {"carry": 0.5, "no carry": 0.5})
-    cfg = RLConfig(algo="dr_grpo", steps=2, prompts_per_step=4, group_size=2, eval_every=2)
-    ev = {g: p[:4] for g, p in group_problems(ADDITION_GROUPS, 4).items()}
-    res = train(lm, tok, task, cfg, hooks=[DROWeights("group")], evaluation=GroupAccuracy(ev))
-    assert moved(before, lm) and len(res.group_weights) == 2 and res.evals["step"] == [0, 2]
 
 
 def test_explore_bonuses_with_rnd_on_a_frozen_encoder():
@@ -103,14 +78,3 @@ def test_hierarchy_executor_trainer():
     res = train_executor(lm, tok, THREE_TERM_ADDITION, smallest_first_planner, cfg,
                          eval_problems=THREE_TERM_ADDITION.problems(4, seed=5, split="test"))
     assert moved(before, lm) and all(math.isfinite(x) for k in ("reward", "loss", "grad_norm") for x in res.history[k])
-
-
-def test_recipe_trainer():
-    from rlkit.llm.recipe import RecipeConfig, forbidden_addition, train_recipe
-
-    lm, tok = hf_model()
-    before = snapshot(lm)
-    cfg = RLConfig(algo="ppo", lam=1.0, steps=2, prompts_per_step=4, group_size=4, lr=2e-4, value_lr=1e-3)
-    res = train_recipe(lm, tok, forbidden_addition(), cfg, RecipeConfig(lag=2, judges=("prefix", "contains", "close1")))
-    assert moved(before, lm) and res.critic.shape == (2, tok.vocab_size)
-    assert all(math.isfinite(x) for k in ("cost", "nu", "value_loss", "cost_value_loss") for x in res.history[k])

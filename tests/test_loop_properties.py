@@ -4,7 +4,8 @@ Each chapter that trains the tiny LLM contributes its parts to ``CONFIGS``: a sa
 estimator, a policy loss and a list of hooks for :func:`rlkit.llm.train`. A property is then one test
 over all of them, not one test per trainer:
 
-* it runs on a Hugging Face model (rlkit.llm.hf), and the policy's weights move;
+* it runs on a Hugging Face model (rlkit.llm.hf), and the policy's weights move (this replaces one
+  Hugging Face test per trainer);
 * the reference model runs only where a ``KLPenalty`` is in the hooks (and ``kl`` is logged only there);
 * a step in which no token trains leaves the weights alone and logs no NaN where it measured something;
 * the same seed gives the same run.
@@ -60,6 +61,16 @@ def ch18_cost(tok):
         hooks=[CostConstraint("cost", LagrangeMultiplier(budget=0.0, lr=1.0))], evaluation=False)
 
 
+def ch18_cost_shielded(tok):
+    from rlkit.llm.safety import FORBIDDEN_ADDITION, CostConstraint, ShieldRate, substring_shield
+    from rlkit.llm.samplers import Fresh
+    from rlkit.safety import PIDLagrangian
+    return FORBIDDEN_ADDITION, RLConfig(algo="ppo", **SMALL), dict(
+        sampler=Fresh(recompute=True),
+        hooks=[CostConstraint("cost", PIDLagrangian(0.05, kp=1.0, ki=0.5)), ShieldRate()],
+        logits_processor=substring_shield(tok, ["13"]), evaluation=False)
+
+
 def ch19_dro(tok):
     from rlkit.llm.dro import ADDITION_GROUPS, DROWeights, group_mixture
     task = group_mixture(ADDITION_GROUPS, {"carry": 0.5, "no carry": 0.5})
@@ -74,7 +85,7 @@ def ch22_bonuses(tok):
 
 
 CONFIGS = {f.__name__: f for f in (ch07_grpo, ch07_ppo_kl, ch07_grpo_kl_loss, ch14_dense, ch16_lagged_vtrace,
-                                   ch18_cost, ch19_dro, ch22_bonuses)}
+                                   ch18_cost, ch18_cost_shielded, ch19_dro, ch22_bonuses)}
 
 
 def _extend_configs():
