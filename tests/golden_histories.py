@@ -94,15 +94,36 @@ def _strip_time(d: dict) -> dict:
 SMALL = dict(steps=2, prompts_per_step=4, group_size=4, eval_every=1, eval_problems=16, seed=0)
 
 
+def _train_parts(kw: dict) -> dict:
+    """rlkit 0.2's RLConfig shorthands (as the cases were recorded) as the 0.3 components, in the same order."""
+    from rlkit.llm.advantages import TokenGAE
+    from rlkit.llm.trainer import DenseRewards, KLPenalty
+    hooks, gae = [], {}
+    kl = {k: kw.pop(k) for k in ("kl_coef", "kl_estimator", "kl_in", "log_kl") if k in kw}
+    if kl.get("kl_coef", 0) > 0 or kl.get("log_kl"):
+        hooks.append(KLPenalty(kl.get("kl_coef", 0.0), kl.get("kl_estimator", "k3"), kl.get("kl_in", "loss")))
+    if kw.pop("token_rewards", False):
+        hooks.append(DenseRewards())
+    for old, new in (("gamma", "gamma"), ("lam", "lam"), ("value_target", "target"), ("value_nstep", "n"),
+                     ("value_lam", "target_lam")):
+        if old in kw:
+            gae[new] = kw.pop(old)
+    out = {"hooks": hooks} if hooks else {}
+    if gae:
+        out["advantages"] = TokenGAE(**gae)
+    return out
+
+
 def case_train(algo, **kw):
     def run():
         from rlkit.llm import ADDITION, RLConfig, train
         model, tok = _pretrained()
-        extra = {}
-        if kw.pop("_shield", False):
+        extra, rest = {}, dict(kw)
+        if rest.pop("_shield", False):
             from rlkit.llm.safety import substring_shield
             extra["logits_processor"] = substring_shield(tok, ["13"])
-        res = train(model, tok, ADDITION, RLConfig(algo=algo, **{**SMALL, **kw}), **extra)
+        extra.update(_train_parts(rest))
+        res = train(model, tok, ADDITION, RLConfig(algo=algo, **{**SMALL, **rest}), **extra)
         return _common(res, {"samples": [s[2] for s in res.samples]})
     return run
 
@@ -131,7 +152,7 @@ def case_lagged(**kw):
         from rlkit.llm.lagged import LaggedConfig, train_lagged
         from rlkit.staleness import LagDistribution
         model, tok = _pretrained()
-        cfg = RLConfig(algo="ppo", lam=1.0, **{**SMALL, "steps": 3})
+        cfg = RLConfig(algo="ppo", **{**SMALL, "steps": 3})                 # LaggedConfig.lam is 1 by default
         lag = LaggedConfig(lag=LagDistribution.uniform(2), probe_every=2, probe_rows=4, probe_continuations=4, **kw)
         res = train_lagged(model, tok, ADDITION, cfg, lag)
         return _common(res, {"probes": res.probes, "target_errors": res.target_errors("vtrace(1)")})
@@ -144,7 +165,7 @@ def case_lagged_pool():
     from rlkit.llm.actors import GroupSampler, tiny_llm
     from rlkit.llm.lagged import LaggedConfig, train_lagged
     model, tok = _pretrained()
-    cfg = RLConfig(algo="ppo", lam=1.0, steps=3, prompts_per_step=3, group_size=4, minibatches=1, eval_every=3,
+    cfg = RLConfig(algo="ppo", steps=3, prompts_per_step=3, group_size=4, minibatches=1, eval_every=3,
                    eval_problems=16, seed=0)
     with ActorPool(tiny_llm, GroupSampler("addition", group_size=4, prompts=1), n_actors=2, backend="simulated",
                    seed=0, lags=2) as pool:
@@ -157,8 +178,7 @@ def case_explore(**kw):
         from rlkit.llm import RLConfig
         from rlkit.llm.explore import FACTS, ExploreConfig, facts_format, train_explore
         model, tok = _pretrained()
-        cfgkw = kw.pop("_cfg", {})
-        cfg = RLConfig(algo="grpo", steps=2, prompts_per_step=2, group_size=4, lr=1e-4, **cfgkw)
+        cfg = RLConfig(algo="grpo", steps=2, prompts_per_step=2, group_size=4, lr=1e-4)
         res = train_explore(model, tok, FACTS, cfg, ExploreConfig(**kw), logits_processor=facts_format(tok))
         return _common(res)
     return run
@@ -172,10 +192,13 @@ def case_constrained(mult, **kw):
         model, tok = _pretrained()
         m = {"lagrange": lambda: LagrangeMultiplier(budget=0.0, lr=1.0, init=0.5),
              "pid": lambda: PIDLagrangian(0.05, kp=1.0, ki=0.5), "fixed": lambda: 2.0}[mult]()
-        extra = {}
-        if kw.pop("_shield", False):
+        extra, rest = {}, dict(kw)
+        if rest.pop("_shield", False):
             extra["logits_processor"] = substring_shield(tok, ["13"])
-        cfg = RLConfig(algo="ppo", steps=3, prompts_per_step=4, group_size=2, minibatches=1, lr=3e-4, **kw)
+        if "kl_coef" in rest:
+            from rlkit.llm.trainer import KLPenalty
+            extra["kl"] = KLPenalty(rest.pop("kl_coef"))
+        cfg = RLConfig(algo="ppo", steps=3, prompts_per_step=4, group_size=2, minibatches=1, lr=3e-4, **rest)
         res = train_constrained(model, tok, FORBIDDEN_ADDITION, cfg, multiplier=m, **extra)
         return _common(res, {"lam": getattr(res, "lam", None)})
     return run
@@ -186,9 +209,8 @@ def case_recipe(**kw):
         from rlkit.llm import RLConfig
         from rlkit.llm.recipe import RecipeConfig, forbidden_addition, train_recipe
         model, tok = _pretrained()
-        cfg = RLConfig(algo="ppo", lam=1.0, steps=3, prompts_per_step=4, group_size=4, lr=2e-4, value_lr=1e-3,
-                       seed=0)
-        res = train_recipe(model, tok, forbidden_addition(), cfg, RecipeConfig(**kw))
+        cfg = RLConfig(algo="ppo", steps=3, prompts_per_step=4, group_size=4, lr=2e-4, seed=0)
+        res = train_recipe(model, tok, forbidden_addition(), cfg, RecipeConfig(value_lr=1e-3, **kw))   # lam 1
         return _common(res, {"lam": res.lam})
     return run
 
@@ -261,8 +283,7 @@ CASES = {
     "lagged/pool": case_lagged_pool,
     "explore/all": case_explore(entropy_coef=0.01, diversity_coef=0.5, rnd_coef=0.3),
     "explore/none": case_explore(),
-    "explore/div-all-kl": case_explore(diversity_coef=0.5, diversity_all=True,
-                                       _cfg=dict(kl_coef=0.1, kl_in="reward", kl_estimator="k1")),
+    "explore/div-all-kl": case_explore(diversity_coef=0.5, diversity_all=True, kl_coef=0.1),   # k1 in the reward
     "constrained/lagrange": case_constrained("lagrange"),
     "constrained/pid-shield-kl": case_constrained("pid", kl_coef=0.05, _shield=True),
     "constrained/fixed": case_constrained("fixed"),

@@ -288,7 +288,7 @@ class OffPolicy:
         clip_rho, clip_c: :math:`\bar\rho, \bar c > 0`, ``"vtrace"`` only.
         normalize: whiten the advantages over the batch.
         gamma, lam: :math:`\gamma, \lambda \in [0, 1]`.
-        lr: the critic's Adam learning rate (default ``RLConfig.value_lr``).
+        lr: the critic's Adam learning rate (default: the policy's, ``RLConfig.lr``).
         coef: :math:`c \ge 0`, the weight of the critic's squared error.
     """
 
@@ -335,7 +335,7 @@ class OffPolicy:
                              f"{out} (a value) or {(*out, vocab)} (a Q-value): the reward first, then each channel")
         self._check_retrace()
         self._channel_losses = {c: [] for c in self.channels}
-        self.opt = torch.optim.Adam(self.critic.parameters(), lr=run.cfg.value_lr if self.lr is None else self.lr)
+        self.opt = torch.optim.Adam(self.critic.parameters(), lr=run.cfg.lr if self.lr is None else self.lr)
 
     def critic_outputs(self, ro, logp_all: torch.Tensor | None, rows=None):
         r"""``(values, q_taken)`` at the response positions of ``ro`` (``rows``): :math:`V(h_t)`, :math:`Q(h_t, y_t)`.

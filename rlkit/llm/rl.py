@@ -33,13 +33,8 @@ GSPO's sequence ratio is
 clipped to :math:`[1-3\cdot10^{-4},\, 1+4\cdot10^{-4}]` as in the paper; it is computed here by feeding
 the length-normalised sequence log-probs to :func:`rlkit.objectives.ppo_clip_loss`.
 
-**KL to the reference model** (``kl_coef`` :math:`\beta > 0`): ``kl_in="reward"`` subtracts
-:math:`\beta\,k_t` from the reward of every token (the sum over the response, for sequence-level
-methods), ``kl_in="loss"`` adds :math:`\beta\,\mathrm{agg}(k_t)` to the loss, with
-:math:`k_t` the ``"k1"`` (:math:`\log\pi - \log\pi_{\text{ref}}`) or ``"k3"`` estimator of
-:mod:`rlkit.divergences`. Beware: as a *loss*, k1's gradient :math:`\nabla\log\pi_\theta` has zero
-mean under the samples, so it does (almost) nothing; k3 in the loss (GRPO's choice) or k1 in the
-reward (the classic RLHF choice) are the meaningful combinations.
+**KL to the reference model**: a hook of the loop, :class:`rlkit.llm.trainer.KLPenalty` (in the
+reward or in the loss, with the k1 or k3 estimator; its docstring says which combinations mean something).
 
 **What "the policy" is.** The trainers treat the model at ``temperature`` (no top-k/top-p) as the
 policy :math:`\pi_\theta`. If you sample with top-k/top-p, the data come from a different
@@ -81,14 +76,14 @@ from ..objectives import (
     ppo_clip_loss,
     rloo_advantages,
 )
-from .credit import VALUE_TARGETS
 from .evaluation import encode_prompts
 from .heads import ValueHead
 from .sampling import Rollout, cat_rollouts, sample
 from .tasks import Task
 from .tokenizer import CharTokenizer
 
-__all__ = ["ALGOS", "RLConfig", "ValueHead", "Batch", "collect", "sequence_advantages", "check_train_args",
+__all__ = ["ALGOS", "RLConfig", "MOVED_FIELDS", "ValueHead", "Batch", "collect", "sequence_advantages",
+           "check_train_args",
            "refuse_unread", "policy_loss"]
 
 #: The algorithms :func:`rlkit.llm.train` runs (``RLConfig.algo``), as in the table of the module docstring.
@@ -112,25 +107,15 @@ class RLConfig(V.ValidatedConfig):
 
     Ranges: ``steps``, ``prompts_per_step``, ``group_size``, ``epochs``, ``minibatches``,
     ``max_sample_rounds``, ``eval_every``, ``eval_problems``, ``top_k``: ints ``>= 1``; ``lr``,
-    ``value_lr``, ``temperature``, ``clip_eps_high``, ``grad_clip``: ``> 0``; ``clip_eps`` in
-    ``(0, 1)``; ``top_p`` in ``(0, 1]``; ``kl_coef``, ``value_coef`` ``>= 0``; ``gamma``, ``lam`` in
-    ``[0, 1]``; ``seed >= 0``. ``grad_clip=None`` turns gradient clipping off.
+    ``temperature``, ``clip_eps_high``, ``grad_clip``: ``> 0``; ``clip_eps`` in ``(0, 1)``; ``top_p`` in
+    ``(0, 1]``; ``seed >= 0``. ``grad_clip=None`` turns gradient clipping off.
 
-    Chapter 14 adds (all off by default, which is the behaviour of chapter 7):
-    ``token_rewards=True`` takes the rewards per token from the task's token checker of the same
-    name as ``checker`` (``task.token_checkers[checker]``, e.g.
-    :func:`~rlkit.llm.digit_rewards`): PPO puts each token's reward on that token instead of
-    one reward on the last token, and the sequence-level algorithms use their sum as the response's
-    reward. ``value_target`` (one of ``"gae"``, ``"nstep"``, ``"mc"``, ``"lambda"``) is the target
-    the PPO critic regresses on (:func:`rlkit.llm.value_targets`): ``"gae"`` = GAE's returns with
-    ``lam`` (the default), ``"nstep"`` with ``value_nstep`` (int ``>= 1``), ``"lambda"`` with
-    ``value_lam`` (in ``[0, 1]``; None means ``lam``), ``"mc"`` the reward to go. The policy's
-    advantages are always GAE with ``gamma`` and ``lam``.
-
-    ``log_kl``: whether to run the reference model to log the KL to it (``history["kl"]``). The
-    default ``None`` runs it only when ``kl_coef > 0``, so an update without a KL term costs no
-    reference forward pass and logs ``kl`` as NaN; ``True`` always logs it (chapter 7 plots how far
-    the policy drifts without a KL term), ``False`` never does and needs ``kl_coef == 0``.
+    ``RLConfig`` holds the loop's settings only. What belongs to a component is given to it
+    (rlkit 0.3): the KL penalty to the reference model is ``hooks=[KLPenalty(coef, estimator,
+    where)]``, PPO's critic is ``advantages=TokenGAE(gamma=, lam=, lr=, coef=, target=, n=,
+    target_lam=)``, chapter 14's per-token rewards are ``hooks=[DenseRewards(checker)]``
+    (:mod:`rlkit.llm.trainer`, :mod:`rlkit.llm.advantages`). Passing one of the old fields
+    (``kl_coef``, ``lam``, ``value_lr``, ...) raises an error that says where it went.
     """
 
     algo: str = V.choice_field("grpo", ALGOS)
@@ -145,27 +130,12 @@ class RLConfig(V.ValidatedConfig):
     clip_eps_high: float | None = V.number_field(None, 0.0, lo_open=True, optional=True)
     #                                        defaults to clip_eps; dapo 0.28, gspo 4e-4
     aggregation: str | None = V.choice_field(None, AGGREGATIONS, optional=True)
-    kl_coef: float = V.number_field(0.0, 0.0)
-    kl_estimator: str = V.choice_field("k3", ("k1", "k3"))
-    kl_in: str = V.choice_field("loss", ("loss", "reward"))
     temperature: float = V.number_field(1.0, 0.0, lo_open=True)
     top_k: int | None = V.int_field(None, optional=True)
     top_p: float | None = V.number_field(None, 0.0, 1.0, lo_open=True, optional=True)
     checker: str = V.config_field("exact", V.nonempty_str)   # which of the task's checkers gives the reward
     dynamic_sampling: bool | None = V.bool_field(None, optional=True)   # DAPO: resample until groups vary
     max_sample_rounds: int = V.int_field(4)
-    # PPO
-    gamma: float = V.number_field(1.0, 0.0, 1.0)
-    lam: float = V.number_field(0.95, 0.0, 1.0)
-    value_lr: float | None = V.number_field(None, 0.0, lo_open=True, optional=True)   # defaults to lr
-    value_coef: float = V.number_field(1.0, 0.0)
-    # chapter 14: dense per-token rewards and the critic's target
-    token_rewards: bool = V.bool_field(False)     # rewards from task.token_checkers[checker], per token
-    value_target: str = V.choice_field("gae", VALUE_TARGETS)
-    value_nstep: int = V.int_field(1)             # n of value_target="nstep" (1 = TD(0))
-    value_lam: float | None = V.number_field(None, 0.0, 1.0, optional=True)  # lambda of "lambda"; default lam
-    # reference model: None = compute its log-probs only when kl_coef > 0 (issue 14: as TRL does)
-    log_kl: bool | None = V.bool_field(None, optional=True)
     # housekeeping
     grad_clip: float | None = V.number_field(1.0, 0.0, lo_open=True, optional=True)
     eval_every: int = V.int_field(5)
@@ -177,9 +147,6 @@ class RLConfig(V.ValidatedConfig):
         if self.algo in ("rloo", "grpo", "dr_grpo", "dapo", "gspo") and self.group_size < 2:
             raise ValueError(f"RLConfig.group_size must be >= 2 for algo={self.algo!r}, which compares "
                              f"responses within a group; got {self.group_size}")
-        if self.log_kl is False and self.kl_coef > 0:
-            raise ValueError(f"RLConfig.log_kl=False skips the reference model, which kl_coef={self.kl_coef} "
-                             f"needs; use log_kl=None or True, or kl_coef=0")
         mb = self._default_minibatches() if self.minibatches is None else self.minibatches
         if mb > self.prompts_per_step:
             raise ValueError(f"RLConfig.minibatches ({mb}{' by default' if self.minibatches is None else ''}) "
@@ -199,8 +166,34 @@ class RLConfig(V.ValidatedConfig):
             clip_eps_high=(lo if hi is None else hi) if self.clip_eps_high is None else self.clip_eps_high,
             aggregation=_DEFAULT_AGG[self.algo] if self.aggregation is None else self.aggregation,
             dynamic_sampling=(self.algo == "dapo") if self.dynamic_sampling is None else self.dynamic_sampling,
-            value_lr=self.lr if self.value_lr is None else self.value_lr,
             minibatches=self._default_minibatches() if self.minibatches is None else self.minibatches)
+
+
+#: Where each RLConfig field of rlkit 0.2 that is not a setting of the loop went in 0.3.
+MOVED_FIELDS = {
+    "kl_coef": "hooks=[KLPenalty(coef)]", "kl_estimator": "hooks=[KLPenalty(coef, estimator)]",
+    "kl_in": "hooks=[KLPenalty(coef, where=...)]",
+    "log_kl": "hooks=[KLPenalty(0.0)] (a coefficient of 0 only measures)",
+    "gamma": "advantages=TokenGAE(gamma=...) or OffPolicy(gamma=...)",
+    "lam": "advantages=TokenGAE(lam=...) or OffPolicy(lam=...)",
+    "value_lr": "advantages=TokenGAE(lr=...) or OffPolicy(lr=...)",
+    "value_coef": "advantages=TokenGAE(coef=...) or OffPolicy(coef=...)",
+    "value_target": "advantages=TokenGAE(target=...)", "value_nstep": "advantages=TokenGAE(n=...)",
+    "value_lam": "advantages=TokenGAE(target_lam=...)", "token_rewards": "hooks=[DenseRewards(checker)]",
+}
+_dataclass_init = RLConfig.__init__
+
+
+def _init(self, *args, **kwargs):
+    for name in kwargs:
+        if name in MOVED_FIELDS:
+            raise ValueError(f"RLConfig.{name} is not a setting of the loop since rlkit 0.3: it belongs to a "
+                             f"component, {MOVED_FIELDS[name]} (rlkit.llm.trainer, rlkit.llm.advantages)")
+    _dataclass_init(self, *args, **kwargs)
+
+
+_init.__doc__ = _dataclass_init.__doc__
+RLConfig.__init__ = _init
 
 
 @dataclass
@@ -335,9 +328,6 @@ def check_train_args(tok, task, cfg) -> RLConfig:
     cfg = cfg.resolved()
     if cfg.checker not in task.checkers:
         raise ValueError(f"RLConfig.checker {cfg.checker!r} is not one of the task's checkers {list(task.checkers)}")
-    if cfg.token_rewards and cfg.checker not in task.token_checkers:
-        raise ValueError(f"RLConfig.token_rewards=True needs a token checker named {cfg.checker!r} (RLConfig.checker) "
-                         f"in task {task.name!r}, whose token checkers are {list(task.token_checkers)}")
     return cfg
 
 

@@ -103,7 +103,6 @@ from .tasks import Problem, Task
 from .tokenizer import CharTokenizer
 
 __all__ = ["Step", "Hook", "Run", "RLResult", "PolicyLoss", "KLPenalty", "DenseRewards", "HeldOut", "train", "assemble",
-           "consumed",
            "steps_to_reach"]
 
 
@@ -488,10 +487,18 @@ class DenseRewards(Hook):
     """Per-token rewards from the task's token checker ``checker`` (chapter 14, :func:`rlkit.llm.dense_rewards`).
 
     Token-level estimators put each token's reward on that token; sequence-level ones use their sum.
+    ``checker`` defaults to ``RLConfig.checker``: the token checker of the same name as the reward's.
     """
 
-    def __init__(self, checker: str = "exact"):
-        self.checker = V.instance_of(checker, "checker", str)
+    def __init__(self, checker: str | None = None):
+        self.checker = None if checker is None else V.nonempty_str(checker, "checker")
+
+    def setup(self, run) -> None:
+        if self.checker is None:
+            self.checker = run.cfg.checker
+        if self.checker not in run.task.token_checkers:
+            raise ValueError(f"DenseRewards needs a token checker named {self.checker!r} in task {run.task.name!r}, "
+                             f"whose token checkers are {list(run.task.token_checkers)}")
 
     @torch.no_grad()
     def on_batch(self, run, step: Step) -> None:
@@ -500,71 +507,19 @@ class DenseRewards(Hook):
                                            self.checker).to(run.device)
 
 
-#: RLConfig's shorthand fields for the default components: each is read only where that component is built
-#: from it (the KL penalty, PPO's TokenGAE critic, the dense rewards).
-CRITIC_FIELDS = ("gamma", "lam", "value_coef", "value_target", "value_nstep", "value_lam")
-KL_FIELDS = ("kl_coef", "kl_estimator", "kl_in", "log_kl")
-
-
-def _refuse_shadowed(given: RLConfig, cfg: RLConfig, advantages, hooks, critic) -> None:
-    """Refuse an RLConfig shorthand that an explicitly given component would leave unread, naming the field."""
-    default = RLConfig()
-    changed = [f for f in CRITIC_FIELDS if getattr(given, f) != getattr(default, f)]
-    if changed and advantages is not None:
-        raise ValueError(f"RLConfig.{changed[0]} configures the default PPO critic (TokenGAE), which the estimator "
-                         f"given to train replaces: pass it to that estimator (e.g. OffPolicy(lam=...))")
-    if changed and cfg.algo != "ppo":
-        raise ValueError(f"RLConfig.{changed[0]} configures PPO's critic, and algo={cfg.algo!r} has no critic")
-    if given.value_lr not in (None, given.lr) and advantages is None and cfg.algo != "ppo":
-        raise ValueError(f"RLConfig.value_lr is the critic's learning rate, and algo={cfg.algo!r} has no critic")
-    if critic is not None and (advantages is not None or cfg.algo != "ppo"):
-        raise ValueError("critic= is the default PPO estimator's value model; with another estimator pass the "
-                         "critic to it (TokenGAE(critic) or OffPolicy(critic=...))")
-    kl_hooks = [h for h in hooks if isinstance(h, KLPenalty)]
-    kl_changed = [f for f in KL_FIELDS if getattr(given, f) != getattr(default, f)]
-    if kl_hooks and kl_changed:
-        raise ValueError(f"RLConfig.{kl_changed[0]} asks for a KL penalty, and hooks already hold one: set the "
-                         f"penalty in one place (KLPenalty(coef, estimator, where) or RLConfig's KL fields)")
-    if cfg.token_rewards and any(isinstance(h, DenseRewards) for h in hooks):
-        raise ValueError("RLConfig.token_rewards=True adds DenseRewards, and hooks already hold one: use one of them")
-
-
-def consumed(cfg: RLConfig, *fields: str) -> RLConfig:
-    """``cfg`` with ``fields`` back at their defaults: for a caller that has passed them to a component itself."""
-    default = RLConfig()
-    return cfg.replace(**{f: getattr(default, f) for f in fields})
-
-
-def _default_parts(cfg: RLConfig, ref_model, critic):
-    """The estimator and hooks that ``RLConfig``'s KL, critic and dense-reward fields ask for."""
-    hooks = []
-    use_ref = cfg.kl_coef > 0 if cfg.log_kl is None else cfg.log_kl
-    if use_ref:
-        hooks.append(KLPenalty(cfg.kl_coef, cfg.kl_estimator, cfg.kl_in, ref_model=ref_model))
-    elif ref_model is not None:
-        ref_model.eval()
-        for p in ref_model.parameters():
-            p.requires_grad_(False)
-    if cfg.token_rewards:
-        hooks.append(DenseRewards(cfg.checker))
-    if cfg.algo == "ppo":
-        est = TokenGAE(critic, gamma=cfg.gamma, lam=cfg.lam, lr=cfg.value_lr, coef=cfg.value_coef,
-                       target=cfg.value_target, n=cfg.value_nstep, target_lam=cfg.value_lam)
-    else:
-        est = Group(cfg.algo)
-    return est, hooks
+def _default_estimator(cfg: RLConfig):
+    """PPO's :class:`TokenGAE` (its defaults) for ``algo="ppo"``, ``Group(cfg.algo)`` otherwise."""
+    return TokenGAE() if cfg.algo == "ppo" else Group(cfg.algo)
 
 
 def assemble(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig | None = None, *, sampler=None,
              advantages=None, loss=None, hooks: Sequence[Hook] = (), evaluation=None,
-             ref_model: nn.Module | None = None, critic: nn.Module | None = None,
              eval_problems: Sequence[Problem] | None = None, verbose: bool = False, logits_processor=None):
     """Check :func:`train`'s arguments and build its parts: ``(run, sampler, advantages, loss, hooks)``, set up.
 
-    ``cfg``'s KL fields put a :class:`KLPenalty` first in the hooks (with ``ref_model``), and
-    ``cfg.token_rewards`` a :class:`DenseRewards`; ``cfg.algo`` picks the default estimator.
+    ``cfg.algo`` picks the default estimator: PPO's :class:`~rlkit.llm.advantages.TokenGAE`, or the
+    group-relative :class:`~rlkit.llm.advantages.Group`.
     """
-    given = RLConfig() if cfg is None else cfg
     cfg = check_train_args(tok, task, cfg)
     if logits_processor is not None and not callable(logits_processor):
         raise TypeError(f"logits_processor must be a callable f(context_ids, context_mask, logits) -> logits "
@@ -573,10 +528,8 @@ def assemble(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig | N
     for i, h in enumerate(hooks):
         if not isinstance(h, Hook):
             raise TypeError(f"hooks[{i}] must be an rlkit.llm.trainer.Hook, got {type(h).__name__}")
-    _refuse_shadowed(given, cfg, advantages, hooks, critic)
-    est, cfg_hooks = _default_parts(cfg, ref_model, critic)
-    hooks = [*cfg_hooks, *hooks]
-    sampler, advantages, loss = sampler or Fresh(), advantages or est, loss or PolicyLoss()
+    sampler, loss = sampler or Fresh(), loss or PolicyLoss()
+    advantages = _default_estimator(cfg) if advantages is None else advantages
     if evaluation is None or evaluation is False:
         evaluation = HeldOut(eval_problems) if evaluation is None else None
     run = Run(model, tok, task, cfg, logits_processor=logits_processor, verbose=verbose, evaluation=evaluation)
@@ -589,7 +542,6 @@ def assemble(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig | N
 
 def train(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig | None = None, *,
           sampler=None, advantages=None, loss=None, hooks: Sequence[Hook] = (), evaluation=None,
-          ref_model: nn.Module | None = None, critic: nn.Module | None = None,
           eval_problems: Sequence[Problem] | None = None, callback: Callable | None = None,
           verbose: bool = False, logits_processor=None) -> RLResult:
     """Train ``model`` (in place) on ``task``; return an :class:`RLResult`. The loop of the module docstring.
@@ -600,15 +552,12 @@ def train(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig | None
         task: a :class:`rlkit.llm.tasks.Task`; the reward is ``task.checkers[cfg.checker]``.
         cfg: an :class:`RLConfig` (defaults: GRPO).
         sampler: where the responses come from (default :class:`~rlkit.llm.samplers.Fresh`).
-        advantages: the advantage estimator (default: ``TokenGAE`` for ``algo="ppo"``, built from
-            ``cfg``'s critic fields and ``critic``; ``Group(cfg.algo)`` otherwise).
+        advantages: the advantage estimator (default: ``TokenGAE()`` for ``algo="ppo"``, whose critic
+            is a :class:`~rlkit.llm.ValueHead` on a copy of the model; ``Group(cfg.algo)`` otherwise).
         loss: the policy loss (default :class:`PolicyLoss`).
-        hooks: :class:`Hook` objects, called in order. ``cfg``'s KL fields add a :class:`KLPenalty`
-            first (with ``ref_model``), and ``cfg.token_rewards`` a :class:`DenseRewards`.
+        hooks: :class:`Hook` objects, called in order (e.g. ``[KLPenalty(0.05)]``, ``[DenseRewards()]``).
         evaluation: ``f(run) -> dict`` of held-out metrics (default :class:`HeldOut` on ``eval_problems``;
             ``False``: none).
-        ref_model: the frozen reference of the KL term (default: a copy of ``model`` before training).
-        critic: PPO's value model (default: ``ValueHead(copy of model)``).
         eval_problems: held-out problems (default: ``cfg.eval_problems`` from the task's test split).
         callback: called as ``callback(step, history, evals)`` after every update; True stops training.
         logits_processor: a decode-time processor (e.g. a shield). The policy being trained is then
@@ -620,7 +569,7 @@ def train(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig | None
     """
     run, sampler, advantages, loss, hooks = assemble(
         model, tok, task, cfg, sampler=sampler, advantages=advantages, loss=loss, hooks=hooks, evaluation=evaluation,
-        ref_model=ref_model, critic=critic, eval_problems=eval_problems, verbose=verbose,
+        eval_problems=eval_problems, verbose=verbose,
         logits_processor=logits_processor)
     run.evaluate(0)
     for k in range(run.cfg.steps):
