@@ -44,9 +44,9 @@ The pieces, top to bottom:
   clock), :class:`RLResult` what it returns; the module docstring has the table of logged keys.
 * **Algorithms and settings** (:mod:`rlkit.llm.rl`): :class:`RLConfig` (frozen, checked field by field;
   ``cfg.replace(steps=50)`` is a checked copy) for ``algo`` in ``"reinforce", "rloo", "grpo",
-  "dr_grpo", "dapo", "gspo", "ppo"``; :func:`sequence_advantages` and :func:`policy_loss`;
-  its KL and critic fields are shorthands that build the default :class:`KLPenalty` and
-  :class:`TokenGAE`.
+  "dr_grpo", "dapo", "gspo", "ppo"``, with the loop's settings only (a KL penalty is a
+  :class:`KLPenalty` hook, a critic's settings belong to :class:`TokenGAE` or :class:`OffPolicy`);
+  :func:`sequence_advantages` and :func:`policy_loss`.
 * **Critics** (:mod:`rlkit.llm.heads`): :class:`LogitHead`, one zero-initialised linear head of an
   LM's logits (or hidden states) of any output shape; :class:`ValueHead` is PPO's.
 * **Credit over tokens** (:mod:`rlkit.llm.credit`, chapter 14): per-token rewards
