@@ -20,7 +20,8 @@ from rlkit.algos import (
     train_reinforce,
     train_trpo,
 )
-from rlkit.llm import RLConfig
+from rlkit.llm import ADDITION, RLConfig, load_pretrained
+from rlkit.llm.trainer import assemble
 
 ALGO_CONFIGS = (ReinforceConfig, A2CConfig, PPOConfig, StalePPOConfig, TRPOConfig)
 ALL_CONFIGS = ALGO_CONFIGS + (RLConfig,)
@@ -138,7 +139,9 @@ def test_replace_is_a_checked_one_liner():
         (0.2, 0.28, "token-mean", True, 2)
     assert RLConfig(algo="grpo", clip_eps=0.3).resolved().clip_eps_high == 0.3       # symmetric when given
     assert RLConfig(algo="gspo").resolved().clip_eps_high == 4e-4
-    assert RLConfig(lr=3e-4).resolved().value_lr == 3e-4
+    model, tok = load_pretrained()                    # an estimator's critic learns at RLConfig.lr unless given lr
+    critic_lr = assemble(model, tok, ADDITION, RLConfig(algo="ppo", lr=3e-4))[2].opt.param_groups[0]["lr"]
+    assert critic_lr == 3e-4
 
 
 def test_subclass_defaults_are_the_trainers_tuned_settings():

@@ -171,8 +171,7 @@ def test_the_field_classification_sees_the_fields_it_should():
     # guards the annotation-based discovery above against silently finding nothing
     assert {"lr", "gamma", "grad_clip", "clip_eps", "clip_eps_high", "dual_clip", "kl_coef",
             "target_return"} <= set(_float_fields(PPOConfig))
-    assert {"lr", "clip_eps", "clip_eps_high", "kl_coef", "top_p", "gamma", "lam", "grad_clip"} \
-        <= set(_float_fields(RLConfig))
+    assert {"lr", "clip_eps", "clip_eps_high", "temperature", "top_p", "grad_clip"} <= set(_float_fields(RLConfig))
     assert set(_float_fields(StaleTrainingConfig)) == {"clip_eps", "eps_stale", "behav_clip", "rollback_lr_factor"}
     assert _float_fields(GPTConfig) == [] and _kind(GPTConfig, "n_layer") == "int"
     assert _kind(PPOConfig, "anneal_lr") == "bool" and _kind(PPOConfig, "mode") == "str"

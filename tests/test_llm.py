@@ -21,6 +21,7 @@ from rlkit.llm import (
     CharTokenizer,
     CheckpointError,
     GPTConfig,
+    KLPenalty,
     Problem,
     RLConfig,
     Task,
@@ -399,8 +400,8 @@ def test_rl_config_validation():
         RLConfig(algo="a2c").resolved()
     with pytest.raises(ValueError, match="group_size"):
         RLConfig(algo="grpo", group_size=1).resolved()
-    with pytest.raises(ValueError, match="kl_estimator"):
-        RLConfig(kl_estimator="k2").resolved()
+    with pytest.raises(ValueError, match="estimator"):                # the KL's settings belong to KLPenalty
+        KLPenalty(0.1, "k2")
     c = RLConfig(algo="dapo").resolved()
     assert (c.clip_eps, c.clip_eps_high, c.aggregation, c.dynamic_sampling) == (0.2, 0.28, "token-mean", True)
     c = RLConfig(algo="dr_grpo").resolved()
@@ -410,17 +411,17 @@ def test_rl_config_validation():
 LOG_KEYS = ("reward", "accuracy", "kl", "entropy", "clip_fraction", "zero_var_share", "response_length")
 
 
-@pytest.mark.parametrize("algo,extra", [(a, {}) for a in ALGOS] + [
-    ("grpo", dict(kl_coef=0.1, kl_estimator="k1", kl_in="reward")),
-    ("ppo", dict(kl_coef=0.1, kl_in="reward")),
-    ("grpo", dict(kl_coef=0.1, kl_estimator="k3", kl_in="loss", temperature=0.8, top_k=5)),
+@pytest.mark.parametrize("algo,extra,kl", [(a, {}, None) for a in ALGOS] + [
+    ("grpo", {}, (0.1, "k1", "reward")),
+    ("ppo", {}, (0.1, "k3", "reward")),
+    ("grpo", dict(temperature=0.8, top_k=5), (0.1, "k3", "loss")),
 ])
-def test_every_algorithm_runs_and_logs(tok, algo, extra):
+def test_every_algorithm_runs_and_logs(tok, algo, extra, kl):
     model, _ = load_pretrained()
     cfg = RLConfig(algo=algo, steps=2, prompts_per_step=4, group_size=4, eval_problems=16, eval_every=1, **extra)
-    res = train(model, tok, ADDITION, cfg)
+    res = train(model, tok, ADDITION, cfg, hooks=[] if kl is None else [KLPenalty(*kl)])
     for k in LOG_KEYS:
-        if k == "kl" and not extra.get("kl_coef"):      # no KL term: the reference model is not run, no "kl" logged
+        if k == "kl" and kl is None:      # no KL penalty: the reference model is not run, no "kl" logged
             assert k not in res.history, k
             continue
         assert len(res.history[k]) == 2 and all(math.isfinite(v) for v in res.history[k]), k

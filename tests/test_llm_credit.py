@@ -14,10 +14,13 @@ from rlkit.llm import (
     ADDITION,
     GPT,
     VALUE_TARGETS,
+    DenseRewards,
     GPTConfig,
     HiddenValueHead,
+    KLPenalty,
     Problem,
     RLConfig,
+    TokenGAE,
     dense_rewards,
     digit_rewards,
     encode_prompts,
@@ -287,36 +290,36 @@ def test_hidden_states_and_hidden_value_head(tiny):
     assert state_values(head, ro).shape == ro.mask.shape
 
 
-def test_rlconfig_fields_and_train_with_dense_rewards_and_value_targets(tiny):
+def test_critic_settings_and_train_with_dense_rewards_and_value_targets(tiny):
     model, tok = tiny
-    with pytest.raises(ValueError, match="RLConfig.value_target"):
-        RLConfig(value_target="td")
-    with pytest.raises(ValueError, match="RLConfig.value_lam"):
-        RLConfig(value_lam=1.5)
-    with pytest.raises((ValueError, TypeError), match="RLConfig.value_nstep"):
-        RLConfig(value_nstep=0)
+    with pytest.raises(ValueError, match="target"):              # the critic's settings belong to TokenGAE
+        TokenGAE(target="td")
+    with pytest.raises(ValueError, match="target_lam"):
+        TokenGAE(target_lam=1.5)
+    with pytest.raises((ValueError, TypeError), match="n must be"):
+        TokenGAE(n=0)
     from rlkit.llm import Task
     bare = Task("bare", ADDITION._generate, max_new_tokens=5)
     with pytest.raises(ValueError, match="token checker"):
-        train(copy.deepcopy(model), tok, bare, RLConfig(algo="ppo", steps=1, token_rewards=True))
+        train(copy.deepcopy(model), tok, bare, RLConfig(algo="ppo", steps=1), hooks=[DenseRewards()])
     ev = ADDITION.problems(8, seed=0, split="test")
-    for kw in (dict(token_rewards=True), dict(value_target="nstep", value_nstep=2),
-               dict(value_target="lambda", value_lam=0.5), dict(value_target="mc")):
-        cfg = RLConfig(algo="ppo", steps=2, prompts_per_step=4, group_size=2, eval_every=2, seed=0, **kw)
-        r = train(copy.deepcopy(model), tok, ADDITION, cfg, eval_problems=ev)
+    for kw in (dict(hooks=[DenseRewards()]), dict(advantages=TokenGAE(target="nstep", n=2)),
+               dict(advantages=TokenGAE(target="lambda", target_lam=0.5)), dict(advantages=TokenGAE(target="mc"))):
+        cfg = RLConfig(algo="ppo", steps=2, prompts_per_step=4, group_size=2, eval_every=2, seed=0)
+        r = train(copy.deepcopy(model), tok, ADDITION, cfg, eval_problems=ev, **kw)
         assert len(r.history["reward"]) == 2 and all(math.isfinite(x) for x in r.history["loss"])
-    r = train(copy.deepcopy(model), tok, ADDITION, RLConfig(algo="grpo", steps=1, prompts_per_step=2, group_size=2,
-                                                            token_rewards=True), eval_problems=ev)
+    r = train(copy.deepcopy(model), tok, ADDITION, RLConfig(algo="grpo", steps=1, prompts_per_step=2, group_size=2),
+              hooks=[DenseRewards()], eval_problems=ev)
     assert len(r.history["reward"]) == 1
 
 
 def test_default_ppo_is_unchanged_by_value_target_lambda_at_lam(tiny):
-    """value_target="lambda" with value_lam = lam is GAE's target: the same run, number for number."""
+    """TokenGAE(target="lambda") with target_lam = lam is GAE's target: the same run, number for number."""
     model, tok = tiny
     ev = ADDITION.problems(8, seed=0, split="test")
-    base = RLConfig(algo="ppo", steps=2, prompts_per_step=4, group_size=2, eval_every=2, seed=1, log_kl=True)
-    a = train(copy.deepcopy(model), tok, ADDITION, base, eval_problems=ev)
-    b = train(copy.deepcopy(model), tok, ADDITION, base.replace(value_target="lambda", value_lam=base.lam),
-              eval_problems=ev)
+    base = RLConfig(algo="ppo", steps=2, prompts_per_step=4, group_size=2, eval_every=2, seed=1)
+    a = train(copy.deepcopy(model), tok, ADDITION, base, hooks=[KLPenalty()], eval_problems=ev)
+    b = train(copy.deepcopy(model), tok, ADDITION, base, hooks=[KLPenalty()],
+              advantages=TokenGAE(target="lambda", target_lam=TokenGAE().lam), eval_problems=ev)
     for k in ("loss", "reward", "kl"):
         assert all(abs(x - y) < 1e-5 for x, y in zip(a.history[k], b.history[k])), k

@@ -27,6 +27,7 @@ else:
 from rlkit.llm import (
     ADDITION,
     CharTokenizer,
+    KLPenalty,
     RLConfig,
     Task,
     encode_prompts,
@@ -232,7 +233,7 @@ ODD = Task("odd-length", ADDITION._generate, lambda response, problem: float(len
 def test_trainers_run_on_an_hf_model(arch, algo):
     lm = HFCausalLM(BUILDERS[arch]())
     before = [p.detach().clone() for p in lm.parameters()]
-    res = train(lm, TOK, ODD, RLConfig(algo=algo, kl_coef=0.01 if algo == "grpo" else 0.0, **SMALL))
+    res = train(lm, TOK, ODD, RLConfig(algo=algo, **SMALL), hooks=[KLPenalty(0.01)] if algo == "grpo" else [])
     assert len(res.history["loss"]) == 2 and all(math.isfinite(x) for x in res.history["loss"])
     assert res.evals["step"] == [0, 2]
     assert any(not torch.equal(a, b) for a, b in zip(before, lm.parameters()))

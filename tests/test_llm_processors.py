@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from rlkit.llm import (
     ADDITION,
     CharTokenizer,
+    KLPenalty,
     RLConfig,
     apply_logits_processor,
     encode_prompts,
@@ -146,16 +147,14 @@ class CountingModel(torch.nn.Module):
 
 
 def test_reference_model_runs_only_when_kl_is_used_or_logged(tok):
-    cfg = dict(steps=2, prompts_per_step=4, group_size=4, eval_problems=8, eval_every=2)
-    for kw, runs in [(dict(), False), (dict(log_kl=True), True), (dict(kl_coef=0.1), True)]:
+    cfg = RLConfig(steps=2, prompts_per_step=4, group_size=4, eval_problems=8, eval_every=2)
+    for coef, runs in [(None, False), (0.0, True), (0.1, True)]:   # no KLPenalty; one that only measures; a penalty
         model, _ = load_pretrained()
         ref = CountingModel(load_pretrained()[0])
-        res = train(model, tok, ADDITION, RLConfig(**cfg, **kw), ref_model=ref)
-        assert (ref.calls > 0) == runs, (kw, ref.calls)
-        assert ("kl" in res.history) == runs, kw                  # logged only where the reference runs
+        res = train(model, tok, ADDITION, cfg, hooks=[] if coef is None else [KLPenalty(coef, ref_model=ref)])
+        assert (ref.calls > 0) == runs, (coef, ref.calls)
+        assert ("kl" in res.history) == runs, coef                # logged only where the reference runs
         assert all(math.isfinite(v) for v in res.history.get("kl", [])), res.history
-    with pytest.raises(ValueError, match="log_kl=False skips the reference model"):
-        RLConfig(kl_coef=0.1, log_kl=False)
 
 
 def test_training_with_a_shield_never_samples_the_banned_token_and_starts_at_ratio_one(tok):

@@ -9,17 +9,23 @@ over all of them, not one test per trainer:
 * the reference model runs only where a ``KLPenalty`` is in the hooks (and ``kl`` is logged only there);
 * a step in which no token trains leaves the weights alone and logs no NaN where it measured something;
 * the same seed gives the same run.
+
+And the loop's configuration itself: RLConfig refuses each rlkit 0.2 field that moved to a component,
+naming where it went, and ``train`` takes no ``ref_model=`` or ``critic=`` (they are the components').
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import os
+import re
 
 import pytest
 import torch
 
 from rlkit.llm import ADDITION, RLConfig, load_pretrained, train
+from rlkit.llm.rl import MOVED_FIELDS
 from rlkit.llm.trainer import Hook, KLPenalty
 
 torch.set_num_threads(1)
@@ -209,25 +215,24 @@ def test_the_same_seed_gives_the_same_run(name, base):
     assert all(torch.equal(x, y) for x, y in zip(ma.parameters(), mb.parameters())), name
 
 
-@pytest.mark.parametrize("cfg_kw,train_kw,match", [
-    (dict(algo="ppo", lam=0.9), "offpolicy", "RLConfig.lam configures the default PPO critic"),
-    (dict(algo="ppo", value_target="mc"), "offpolicy", "RLConfig.value_target"),
-    (dict(algo="grpo", gamma=0.9), None, "RLConfig.gamma configures PPO's critic, and algo='grpo' has no critic"),
-    (dict(algo="grpo", value_lr=1e-3), None, "RLConfig.value_lr is the critic's learning rate"),
-    (dict(algo="grpo", kl_coef=0.1), "kl", "RLConfig.kl_coef asks for a KL penalty, and hooks already hold one"),
-    (dict(algo="grpo", log_kl=True), "kl", "RLConfig.log_kl"),
-    (dict(algo="grpo", token_rewards=True), "dense", "RLConfig.token_rewards=True adds DenseRewards"),
-    (dict(algo="grpo"), "critic", "critic= is the default PPO estimator's value model"),
-])
-def test_a_shorthand_of_rlconfig_that_a_given_component_would_leave_unread_is_refused(base, cfg_kw, train_kw, match):
-    """RLConfig's KL, critic and dense-reward fields build the default components; next to an explicit
-    component that replaces them they would be silently ignored, so train refuses them by name."""
-    from rlkit.llm.advantages import OffPolicy
-    from rlkit.llm.heads import ValueHead
-    from rlkit.llm.trainer import DenseRewards
+@pytest.mark.parametrize("field", sorted(MOVED_FIELDS))
+def test_a_setting_that_moved_to_a_component_is_refused_naming_where_it_went(field):
+    """rlkit 0.3's RLConfig holds the loop's settings only: each 0.2 field of a component (the KL penalty,
+    PPO's critic, the dense rewards) is refused, by the constructor and by replace, with its new home."""
+    assert field not in {f.name for f in dataclasses.fields(RLConfig)}
+    value = {"kl_estimator": "k1", "kl_in": "reward", "log_kl": True, "token_rewards": True,
+             "value_target": "mc", "value_nstep": 2}.get(field, 0.5)
+    home = re.escape(MOVED_FIELDS[field])
+    with pytest.raises(ValueError, match=rf"RLConfig\.{field} .*{home}"):
+        RLConfig(**{field: value})
+    with pytest.raises(ValueError, match=rf"RLConfig\.{field} .*{home}"):
+        RLConfig().replace(**{field: value})
+    assert MOVED_FIELDS[field].startswith(("hooks=[KLPenalty(", "hooks=[DenseRewards(", "advantages=TokenGAE("))
+
+
+@pytest.mark.parametrize("kw", ["ref_model", "critic"])
+def test_train_refuses_the_reference_and_critic_that_now_belong_to_their_components(base, kw):
+    """The reference model is KLPenalty(ref_model=...)'s, PPO's critic TokenGAE(critic)'s: train takes neither."""
     model, tok = copy.deepcopy(base[0]), base[1]
-    kw = {"offpolicy": dict(advantages=OffPolicy("vtrace")), "kl": dict(hooks=[KLPenalty(0.1)]),
-          "dense": dict(hooks=[DenseRewards("exact")]), "critic": dict(critic=ValueHead(copy.deepcopy(model), 56)),
-          None: {}}[train_kw]
-    with pytest.raises(ValueError, match=match.replace("(", r"\(").replace(")", r"\)")):
-        train(model, tok, ADDITION, RLConfig(**{**SMALL, **cfg_kw}), **kw)
+    with pytest.raises(TypeError, match=kw):
+        train(model, tok, ADDITION, RLConfig(algo="ppo", **SMALL), **{kw: copy.deepcopy(model)})
