@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from rlkit.llm import RLConfig, encode_prompts, load_pretrained, sample, token_logprobs, train
+from rlkit.llm.advantages import Group, TokenGAE
 from rlkit.llm.heads import LogitHead
 from rlkit.llm.safety import (
     FORBIDDEN_ADDITION,
@@ -28,7 +29,7 @@ from rlkit.llm.safety import (
 )
 from rlkit.llm.samplers import Fresh
 from rlkit.llm.tasks import Problem, prefix_match
-from rlkit.llm.trainer import Hook
+from rlkit.llm.trainer import Hook, KLPenalty
 from rlkit.objectives import normalize_advantages
 from rlkit.safety import LagrangeMultiplier, PIDLagrangian, lagrangian_advantages
 
@@ -144,7 +145,7 @@ def test_wrapper_logs_nu_and_steps_the_multiplier_before_the_advantages(base):
     assert "shield_rate" not in res.history and "kl" not in res.history and "lam" not in res.history
     assert isinstance(res.critic, LogitHead) and res.critic.shape == (2,)
     shield = substring_shield(tok, ["13"])
-    res2 = train_constrained(load_pretrained()[0], tok, FORBIDDEN_ADDITION, CFG.replace(kl_coef=0.05),
+    res2 = train_constrained(load_pretrained()[0], tok, FORBIDDEN_ADDITION, CFG, kl=KLPenalty(0.05),
                              multiplier=PIDLagrangian(0.05, kp=1.0, ki=0.5), logits_processor=shield)
     assert all(0.0 <= x <= 1.0 for x in res2.array("shield_rate")) and math.isfinite(res2.array("kl")[-1])
     fixed = train_constrained(load_pretrained()[0], tok, FORBIDDEN_ADDITION, CFG.replace(steps=1), multiplier=2.0)
@@ -173,8 +174,9 @@ def test_the_cost_channel_is_gae_of_the_terminal_cost_on_a_zero_critic(base):
     _, tok = base
     hook = CostConstraint("cost", None)
     probe = Probe(hook)
-    cfg = CFG.replace(steps=1, prompts_per_step=16, gamma=0.9, lam=0.5)
-    train(load_pretrained()[0], tok, FORBIDDEN_ADDITION, cfg, hooks=[hook, probe], evaluation=False)
+    cfg = CFG.replace(steps=1, prompts_per_step=16)
+    train(load_pretrained()[0], tok, FORBIDDEN_ADDITION, cfg, advantages=TokenGAE(gamma=0.9, lam=0.5),
+          hooks=[hook, probe], evaluation=False)
     seen = probe.seen[0]
     mask, c = seen["mask"], seen["cost"]
     assert c.sum() > 0                                   # the batch holds costly responses
@@ -221,15 +223,39 @@ def test_trainer_input_checks(base):
         train_constrained(model, tok, FORBIDDEN_ADDITION, RLConfig(algo="ppo", steps=1), multiplier="sgd")
     with pytest.raises(ValueError, match="multiplier"):
         train_constrained(model, tok, FORBIDDEN_ADDITION, RLConfig(algo="ppo", steps=1), multiplier=-1.0)
+    with pytest.raises(TypeError, match="kl must be a KLPenalty"):
+        train_constrained(model, tok, FORBIDDEN_ADDITION, RLConfig(algo="ppo", steps=1), kl=0.05)
+    with pytest.raises(TypeError, match="advantages must be a TokenGAE"):
+        train_constrained(model, tok, FORBIDDEN_ADDITION, RLConfig(algo="ppo", steps=1), advantages=Group("grpo"))
 
 
-@pytest.mark.parametrize("field,value", [("token_rewards", True), ("value_target", "mc"), ("value_nstep", 3),
-                                         ("value_lam", 0.5), ("eval_every", 1), ("eval_problems", 8)])
+def test_the_wrapper_gives_its_critic_settings_to_the_estimator(base):
+    # rlkit 0.2 read gamma, lam, value_lr, value_coef from cfg and took critic=: now they are TokenGAE's
+    _, tok = base
+    est = TokenGAE(LogitHead(load_pretrained()[0], tok.vocab_size, (2,)), gamma=0.9, lam=0.5, lr=1e-3, coef=0.5)
+    res = train_constrained(load_pretrained()[0], tok, FORBIDDEN_ADDITION, CFG.replace(steps=1), multiplier=1.0,
+                            advantages=est)
+    assert res.critic is est.critic and est.opt.param_groups[0]["lr"] == 1e-3
+    same = train(load_pretrained()[0], tok, FORBIDDEN_ADDITION, CFG.replace(steps=1), sampler=Fresh(recompute=True),
+                 advantages=TokenGAE(LogitHead(load_pretrained()[0], tok.vocab_size, (2,)), gamma=0.9, lam=0.5,
+                                     lr=1e-3, coef=0.5),
+                 hooks=[CostConstraint("cost", 1.0)], evaluation=False)
+    for key in ("reward", "cost", "value_loss", "cost_value_loss", "loss"):
+        assert res.array(key).tolist() == same.array(key).tolist()
+
+
+@pytest.mark.parametrize("field,value", [("eval_every", 1), ("eval_problems", 8)])
 def test_the_wrapper_refuses_the_fields_it_never_read(base, field, value):
-    # rlkit 0.2's train_constrained accepted these and ignored them (no dense rewards, GAE targets, no evaluation)
+    # rlkit 0.2's train_constrained accepted these and ignored them (no evaluation)
     model, tok = base
     with pytest.raises(ValueError, match=f"train_constrained does not read RLConfig.{field} "):
         train_constrained(model, tok, FORBIDDEN_ADDITION, CFG.replace(**{field: value}))
+
+
+def test_the_critic_fields_it_never_read_are_no_longer_settings():
+    # rlkit 0.2's train_constrained refused token_rewards, value_target, value_nstep, value_lam: RLConfig has none now
+    with pytest.raises(ValueError, match=r"RLConfig.value_target .*TokenGAE\(target=...\)"):
+        CFG.replace(value_target="mc")
 
 
 def test_constraint_report_shielded_vs_not(base):
@@ -245,11 +271,11 @@ def test_constraint_report_shielded_vs_not(base):
 
 
 def test_channel_losses_are_logged_with_the_value_coef(base):
-    # the critic's loss is value_coef * sum over channels of 1/2 mean (V - target)^2; each logged term carries the
+    # the critic's loss is coef * sum over channels of 1/2 mean (V - target)^2; each logged term carries the
     # coefficient, as TokenGAE's value_loss does without channels (rlkit 0.2's trainer logged them without it)
     _, tok = base
     one = CFG.replace(steps=1)
-    runs = [train(load_pretrained()[0], tok, FORBIDDEN_ADDITION, one.replace(value_coef=c),
+    runs = [train(load_pretrained()[0], tok, FORBIDDEN_ADDITION, one, advantages=TokenGAE(coef=c),
                   hooks=[CostConstraint("cost", 1.0)], evaluation=False) for c in (1.0, 0.5)]
     for key in ("value_loss", "cost_value_loss"):
         assert runs[1].array(key)[0] == 0.5 * runs[0].array(key)[0] and runs[0].array(key)[0] > 0

@@ -45,6 +45,7 @@ import torch.nn as nn
 from .. import _validate as V
 from ..objectives import normalize_advantages
 from ..safety import lagrangian_advantages
+from .advantages import TokenGAE
 from .evaluation import evaluate
 from .heads import LogitHead
 from .rl import RLConfig, refuse_unread
@@ -52,7 +53,7 @@ from .samplers import Fresh
 from .sampling import Rollout
 from .tasks import Problem, Task, addition_problem, digit_rewards, exact_match
 from .tokenizer import CharTokenizer
-from .trainer import Hook, RLResult, train
+from .trainer import Hook, KLPenalty, RLResult, train
 
 __all__ = ["FORBIDDEN", "forbidden_substrings", "forbidden_task", "FORBIDDEN_ADDITION", "substring_shield",
            "removed_mass", "CostConstraint", "ShieldRate", "RewardCostCritic", "ConstrainedResult", "train_constrained",
@@ -347,10 +348,6 @@ ConstrainedResult = RLResult
 
 #: The RLConfig fields the rlkit 0.2 trainer did not read (and why).
 _CONSTRAINED_UNREAD = {
-    "token_rewards": "its reward is the response's, on the last token",
-    "value_target": "its critic regresses on the GAE returns",
-    "value_nstep": "its critic regresses on the GAE returns",
-    "value_lam": "its critic regresses on the GAE returns",
     "eval_every": "it does not evaluate; use constraint_report",
     "eval_problems": "it does not evaluate; use constraint_report",
 }
@@ -358,21 +355,27 @@ _CONSTRAINED_UNREAD = {
 
 def train_constrained(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig | None = None, *,
                       multiplier=None, cost_checker: str = "cost", logits_processor=None,
-                      critic: nn.Module | None = None, ref_model: nn.Module | None = None,
+                      advantages: TokenGAE | None = None, kl: KLPenalty | None = None,
                       callback: Callable | None = None) -> RLResult:
     r"""Lagrangian PPO: ``train(..., hooks=[CostConstraint(cost_checker, multiplier)])``, the rlkit 0.2 name.
 
     Kept for one release. The multiplier steps before the advantages (``when="before"``); a
     ``logits_processor`` (a shield) samples and scores the ratio's log-probs, which are recomputed
     by the learner (:class:`rlkit.llm.samplers.Fresh` with ``recompute=True``), and :class:`ShieldRate`
-    logs how often it acted. There is no held-out evaluation (use :func:`constraint_report`);
-    ``cfg.kl_coef > 0`` adds :class:`rlkit.llm.trainer.KLPenalty`. ``cfg`` (default
-    ``RLConfig(algo="ppo")``) must be PPO and leave the fields this trainer does not read at their
-    defaults: ``token_rewards``, ``value_target``, ``value_nstep``, ``value_lam``, ``eval_every``,
-    ``eval_problems`` (:func:`rlkit.llm.train` with the hook reads them). ``callback(step, history)``
+    logs how often it acted. There is no held-out evaluation (use :func:`constraint_report`).
+    ``cfg`` (default ``RLConfig(algo="ppo")``) must be PPO and leave ``eval_every`` and
+    ``eval_problems`` at their defaults (this trainer does not read them). ``callback(step, history)``
     returning True stops training. Returns an :class:`rlkit.llm.RLResult`: ``history`` as
     :func:`rlkit.llm.train`'s plus ``cost``, ``nu``, ``cost_value_loss`` and ``shield_rate``; extras
     ``nu`` (the final multiplier) and ``multiplier`` (the object).
+
+    What rlkit 0.2 read from ``cfg`` or took as ``critic=`` and ``ref_model=`` is given to the parts
+    (rlkit 0.3): ``advantages`` is PPO's :class:`~rlkit.llm.advantages.TokenGAE`, whose critic gets the
+    cost channel (default ``TokenGAE()``: :math:`\gamma = 1`, :math:`\lambda = 0.95`, the policy's
+    learning rate; ``TokenGAE(critic, gamma=, lam=, lr=, coef=)`` for 0.2's ``critic``, ``gamma``,
+    ``lam``, ``value_lr``, ``value_coef``), and ``kl`` a :class:`rlkit.llm.trainer.KLPenalty`, run
+    first among the hooks (default None: no reference model; ``KLPenalty(coef, estimator, where,
+    ref_model=)`` for 0.2's ``kl_coef``, ``kl_estimator``, ``kl_in``, ``ref_model``).
 
     Chapter: 18_safety_constraints.
     """
@@ -385,13 +388,16 @@ def train_constrained(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLC
     V.nonempty_str(cost_checker, "cost_checker")
     if cost_checker not in task.checkers:
         raise ValueError(f"cost_checker {cost_checker!r} is not one of the task's checkers {list(task.checkers)}")
-    hooks = [CostConstraint(cost_checker, multiplier, when="before")]
+    advantages = TokenGAE() if advantages is None else V.instance_of(advantages, "advantages", TokenGAE)
+    hooks = [] if kl is None else [V.instance_of(kl, "kl", KLPenalty)]
+    constraint = CostConstraint(cost_checker, multiplier, when="before")
+    hooks.append(constraint)
     if logits_processor is not None:
         hooks.append(ShieldRate())
-    res = train(model, tok, task, cfg, sampler=Fresh(recompute=True), hooks=hooks, evaluation=False,
-                ref_model=ref_model, critic=critic, logits_processor=logits_processor,
+    res = train(model, tok, task, cfg, sampler=Fresh(recompute=True), advantages=advantages, hooks=hooks,
+                evaluation=False, logits_processor=logits_processor,
                 callback=None if callback is None else lambda k, history, evals: callback(k, history))
-    res.extras["multiplier"] = hooks[0].multiplier
+    res.extras["multiplier"] = constraint.multiplier
     return res
 
 
