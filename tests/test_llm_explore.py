@@ -271,10 +271,9 @@ def test_train_explore_runs_every_bonus_and_logs():
         assert len(res.history[k]) == 2 and np.isfinite(res.array(k)).all(), k
     assert res.rnd is not None and res.rnd.rew_rms.count == 16
     assert "kl" not in res.history and "kl_seq" not in res.history      # no reference model runs without a KL term
-    kl = train_explore(model, tok, FACTS, cfg.replace(kl_coef=0.1, kl_in="reward", kl_estimator="k1", steps=1),
-                       logits_processor=fmt)
+    kl = train_explore(model, tok, FACTS, cfg.replace(steps=1), ExploreConfig(kl_coef=0.1), logits_processor=fmt)
     assert np.isfinite(kl.array("kl")).all() and np.isfinite(kl.array("kl_seq")).all()
-    assert kl.config.kl_coef == 0.1 and kl.rnd is None and kl.evals["step"] == []
+    assert kl.explore.kl_coef == 0.1 and kl.rnd is None and kl.evals["step"] == []
     none = train_explore(model, tok, FACTS, cfg.replace(steps=1), logits_processor=fmt)
     assert none.history["bonus_div"] == [0.0] and none.history["bonus_rnd"] == [0.0] == none.history["rnd_raw"]
 
@@ -292,13 +291,13 @@ def test_train_explore_stops_on_the_callback_and_evaluates_there():
     assert seen == [(0, 1)] and res.evals["step"] == [0, 1] and res.evals["x"] == [1.0, 1.0]
 
 
-@pytest.mark.parametrize("field, value", [("gamma", 0.9), ("lam", 0.5), ("value_lr", 1e-3), ("value_coef", 0.5),
-                                          ("value_target", "mc"), ("value_nstep", 2), ("value_lam", 0.5),
-                                          ("eval_problems", 16)])
-def test_train_explore_refuses_the_fields_it_does_not_read(field, value):
+def test_train_explore_refuses_the_fields_it_does_not_read():
     model, tok = _tiny()
-    with pytest.raises(ValueError, match=f"RLConfig.{field}"):
-        train_explore(model, tok, FACTS, _cfg(**{field: value}), logits_processor=facts_format(tok))
+    with pytest.raises(ValueError, match="RLConfig.eval_problems"):
+        train_explore(model, tok, FACTS, _cfg(eval_problems=16), logits_processor=facts_format(tok))
+    # rlkit 0.2's critic and KL fields (refused or read here before) are no longer settings of RLConfig
+    with pytest.raises(ValueError, match=r"RLConfig.kl_in .*KLPenalty"):
+        _cfg(kl_in="reward")
 
 
 def test_train_explore_refuses_eval_every_without_eval_fn_and_the_old_refusals():
@@ -308,12 +307,8 @@ def test_train_explore_refuses_eval_every_without_eval_fn_and_the_old_refusals()
         train_explore(model, tok, FACTS, _cfg(), logits_processor=fmt, eval_every=1)
     with pytest.raises(ValueError, match="eval_every"):
         train_explore(model, tok, FACTS, _cfg(eval_every=1), logits_processor=fmt)
-    with pytest.raises(ValueError, match="kl_in='reward'"):
-        train_explore(model, tok, FACTS, _cfg(kl_coef=0.1), logits_processor=fmt)                   # kl_in="loss"
-    with pytest.raises(ValueError, match="kl_estimator='k1'"):
-        train_explore(model, tok, FACTS, _cfg(kl_coef=0.1, kl_in="reward"), logits_processor=fmt)   # k3
-    with pytest.raises(ValueError, match="token_rewards"):
-        train_explore(model, tok, FACTS, _cfg(token_rewards=True), logits_processor=fmt)
+    with pytest.raises(ValueError, match="kl_coef"):
+        ExploreConfig(kl_coef=-0.1)
     for kw in (dict(top_k=5), dict(top_p=0.9)):
         with pytest.raises(ValueError, match="top_k and cfg.top_p"):
             train_explore(model, tok, FACTS, _cfg(**kw), logits_processor=fmt)
@@ -326,12 +321,12 @@ def test_train_explore_refuses_eval_every_without_eval_fn_and_the_old_refusals()
         train_explore(model, tok, FACTS, _cfg(), eval_fn=3)
 
 
-def test_train_explore_honours_log_kl_by_measuring_only():
-    # RLConfig.log_kl was ignored before rlkit 0.3; now True runs the reference (k1 in the reward, coef 0)
+def test_train_explore_measures_only_with_a_kl_coef_of_zero():
+    # ExploreConfig.kl_coef=0 runs the reference (k1 in the reward, coef 0): rlkit 0.2's RLConfig.log_kl=True
     m1, tok = _tiny()
     m2, _ = _tiny()
     fmt = facts_format(tok)
-    a = train_explore(m1, tok, FACTS, _cfg(log_kl=True), logits_processor=fmt)
+    a = train_explore(m1, tok, FACTS, _cfg(), ExploreConfig(kl_coef=0.0), logits_processor=fmt)
     b = train_explore(m2, tok, FACTS, _cfg(), logits_processor=fmt)
     assert np.isfinite(a.array("kl")).all() and np.isfinite(a.array("kl_seq")).all() and "kl" not in b.history
     for p, q in zip(m1.parameters(), m2.parameters()):
@@ -345,9 +340,9 @@ def test_train_explore_is_train_with_the_four_hooks_bit_for_bit(temperature):
     m2, _ = _tiny()
     fmt = facts_format(tok)
     cfg = _cfg(algo="dr_grpo", lr=1e-3, seed=2, temperature=temperature)
-    ex = ExploreConfig(entropy_coef=0.01, diversity_coef=0.5, diversity_all=True, rnd_coef=0.3, rnd_steps=2)
-    a = train_explore(m1, tok, FACTS, cfg.replace(kl_coef=0.1, kl_in="reward", kl_estimator="k1"), ex,
-                      logits_processor=fmt)
+    ex = ExploreConfig(entropy_coef=0.01, diversity_coef=0.5, diversity_all=True, rnd_coef=0.3, rnd_steps=2,
+                       kl_coef=0.1)
+    a = train_explore(m1, tok, FACTS, cfg, ex, logits_processor=fmt)
     b = train(m2, tok, FACTS, cfg, logits_processor=fmt, evaluation=False, sampler=Fresh(recompute=temperature != 1.0),
               hooks=[KLPenalty(0.1, "k1", where="reward", processed=True), DiversityBonus(0.5, all=True),
                      RNDBonus(0.3, steps=2), EntropyBonus(0.01)])

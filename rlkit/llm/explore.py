@@ -51,7 +51,7 @@ from .samplers import Fresh
 from .sampling import Rollout, call_model, sample, token_logprobs
 from .tasks import Problem, Task
 from .tokenizer import CharTokenizer
-from .trainer import KL_FIELDS, Hook, KLPenalty, RLResult, consumed, train
+from .trainer import Hook, KLPenalty, RLResult, train
 
 __all__ = ["pass_at_k", "distinct_correct", "group_diversity_bonus", "RunningMeanStd", "RND",
            "DiversityBonus", "RNDBonus", "EntropyBonus", "ModelEval",
@@ -507,7 +507,11 @@ class ExploreConfig(V.ValidatedConfig):
     ``entropy_coef`` is :class:`EntropyBonus`'s :math:`\alpha`; ``diversity_coef`` and
     ``diversity_all`` are :class:`DiversityBonus`'s ``coef`` and ``all``; ``rnd_coef``,
     ``normalize``, ``rnd_lr``, ``rnd_steps``, ``rnd_out``, ``rnd_width`` are :class:`RNDBonus`'s
-    ``coef``, ``normalize``, ``lr``, ``steps``, ``out``, ``width``.
+    ``coef``, ``normalize``, ``lr``, ``steps``, ``out``, ``width``. ``kl_coef`` is the KL term to the
+    reference model (the model before training): None (the default) runs no reference; a number
+    :math:`\beta \ge 0` adds ``KLPenalty(kl_coef, "k1", where="reward", processed=True)`` (k1 in the
+    reward, the reference scored through the ``logits_processor``; 0 only measures the KL). It was
+    ``RLConfig.kl_coef`` (and ``log_kl``) before rlkit 0.3.
 
     Chapter: 22_exploration_diversity.
     """
@@ -521,6 +525,7 @@ class ExploreConfig(V.ValidatedConfig):
     rnd_steps: int = V.int_field(1)
     rnd_out: int = V.int_field(32)
     rnd_width: int = V.int_field(64)
+    kl_coef: float | None = V.number_field(None, 0.0, optional=True)
 
 
 @dataclass
@@ -533,9 +538,7 @@ class ExploreResult(RLResult):
     explore: ExploreConfig | None = None
 
 
-_EXPLORE_UNREAD = {name: "PPO's critic; train_explore has none" for name in
-                   ("gamma", "lam", "value_lr", "value_coef", "value_target", "value_nstep", "value_lam")}
-_EXPLORE_UNREAD["eval_problems"] = "its evaluation is eval_fn"
+_EXPLORE_UNREAD = {"eval_problems": "its evaluation is eval_fn"}
 
 
 def _check_explore_args(tok, task, cfg, explore, eval_fn, eval_every) -> tuple[RLConfig, ExploreConfig]:
@@ -550,9 +553,6 @@ def _check_explore_args(tok, task, cfg, explore, eval_fn, eval_every) -> tuple[R
     refuse_unread(cfg, "train_explore", unread)
     cfg = check_train_args(tok, task, cfg)
     V.choice(cfg.algo, "cfg.algo", ("reinforce", "rloo", "grpo", "dr_grpo", "dapo"))
-    if cfg.token_rewards or (cfg.kl_coef > 0 and (cfg.kl_in != "reward" or cfg.kl_estimator != "k1")):
-        raise ValueError("train_explore: cfg.token_rewards must be False, and a KL term (cfg.kl_coef > 0) must be "
-                         "kl_in='reward' with kl_estimator='k1' (use rlkit.llm.train for the other forms)")
     if cfg.top_k is not None or cfg.top_p is not None:
         raise ValueError("train_explore: cfg.top_k and cfg.top_p must be None (the sampled distribution is the policy)")
     if eval_every is not None:
@@ -568,14 +568,13 @@ def train_explore(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfi
 
     Kept for one release; new code calls ``train(model, tok, task, cfg, hooks=[KLPenalty(beta, "k1",
     where="reward", processed=True), DiversityBonus(...), RNDBonus(...), EntropyBonus(...)])``, which
-    is what this does, with ``cfg``'s KL (``kl_coef``, or ``log_kl=True`` to measure only) as the
+    is what this does, with ``explore.kl_coef`` (None: no KL term; 0: measure only) as the
     :class:`~rlkit.llm.trainer.KLPenalty` (k1 in the reward, the reference scored through
-    ``logits_processor``) and ``explore``'s settings as the bonuses (:class:`ExploreConfig`). At a
+    ``logits_processor``) and ``explore``'s other settings as the bonuses (:class:`ExploreConfig`). At a
     temperature other than 1 it recomputes :math:`\log\pi_{old}` under the processor
     (``Fresh(recompute=True)``), as rlkit 0.2's loop did.
-    ``algo`` is one of ``reinforce``, ``rloo``, ``grpo``, ``dr_grpo``, ``dapo``; a KL term must be
-    ``kl_in="reward"`` with ``kl_estimator="k1"``; ``cfg`` must not use top-k/top-p, token rewards,
-    PPO's critic fields or ``eval_problems``, nor ``eval_every`` without ``eval_fn``.
+    ``algo`` is one of ``reinforce``, ``rloo``, ``grpo``, ``dr_grpo``, ``dapo``; ``cfg`` must not use
+    top-k/top-p or ``eval_problems``, nor ``eval_every`` without ``eval_fn``.
 
     Args:
         model: the policy (updated in place). tok, task, cfg: as for :func:`rlkit.llm.train`.
@@ -596,13 +595,12 @@ def train_explore(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfi
     Chapter: 22_exploration_diversity.
     """
     cfg, explore = _check_explore_args(tok, task, cfg, explore, eval_fn, eval_every)
-    use_ref = cfg.kl_coef > 0 if cfg.log_kl is None else cfg.log_kl
-    hooks = [KLPenalty(cfg.kl_coef, "k1", where="reward", processed=True)] if use_ref else []
+    hooks = [] if explore.kl_coef is None else [KLPenalty(explore.kl_coef, "k1", where="reward", processed=True)]
     hooks += [DiversityBonus(explore.diversity_coef, all=explore.diversity_all),
               RNDBonus(explore.rnd_coef, lr=explore.rnd_lr, steps=explore.rnd_steps, out=explore.rnd_out,
                        width=explore.rnd_width, normalize=explore.normalize, encoder=encoder),
               EntropyBonus(explore.entropy_coef)]
-    res = train(model, tok, task, consumed(cfg, *KL_FIELDS), hooks=hooks,
+    res = train(model, tok, task, cfg, hooks=hooks,
                 sampler=Fresh(recompute=cfg.temperature != 1.0), logits_processor=logits_processor,
                 evaluation=False if eval_fn is None else ModelEval(eval_fn),
                 callback=None if callback is None else lambda k, history, evals: callback(k, history))
