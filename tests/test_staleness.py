@@ -588,10 +588,8 @@ def test_stale_grpo_is_train_with_the_lagged_sampler_the_stale_loss_and_the_cont
 
 
 # every RLConfig field train_stale_grpo does not read, with a value that would otherwise be silently ignored
-IGNORED_BY_STALE_GRPO = dict(clip_eps=0.1, clip_eps_high=0.3, kl_coef=0.1, kl_estimator="k1", kl_in="reward",
-                             log_kl=True, temperature=0.7, top_k=5, top_p=0.9, dynamic_sampling=True,
-                             max_sample_rounds=2, token_rewards=True, gamma=0.9, lam=0.5, value_lr=1e-3,
-                             value_coef=0.5, value_target="mc", value_nstep=2, value_lam=0.5)
+IGNORED_BY_STALE_GRPO = dict(clip_eps=0.1, clip_eps_high=0.3, temperature=0.7, top_k=5, top_p=0.9,
+                             dynamic_sampling=True, max_sample_rounds=2)
 
 
 @pytest.mark.parametrize("field", sorted(IGNORED_BY_STALE_GRPO))
@@ -608,9 +606,15 @@ def test_stale_grpo_accepts_the_explicit_off_of_the_switches_it_does_not_use():
     from rlkit.llm import ADDITION, load_pretrained
     from rlkit.llm.stale import train_stale_grpo
     model, tok = load_pretrained()
-    r = train_stale_grpo(model, tok, ADDITION, _tiny_stale_cfg(steps=1, log_kl=False, dynamic_sampling=False),
+    r = train_stale_grpo(model, tok, ADDITION, _tiny_stale_cfg(steps=1, dynamic_sampling=False),
                          StaleTrainingConfig(lag=1))
     assert len(r.history["loss"]) == 1
+
+
+def test_the_kl_and_critic_fields_it_refused_are_no_longer_settings():
+    # rlkit 0.2's KL, critic and dense-reward fields (refused by train_stale_grpo before) left RLConfig
+    with pytest.raises(ValueError, match=r"RLConfig.value_lr .*TokenGAE\(lr=...\)"):
+        _tiny_stale_cfg(value_lr=1e-3)
 
 
 def test_stale_control_rollback_halves_the_lr_and_empties_the_sampler_archive():

@@ -282,14 +282,8 @@ class GroupAccuracy:
 #: What :func:`train_dro` returns (rlkit 0.2's name): an :class:`rlkit.llm.RLResult`.
 DROTrainResult = RLResult
 
-_NO_CRITIC = "Dr. GRPO has no critic"
 #: The RLConfig fields the rlkit 0.2 trainer did not read (and why).
 _DRO_UNREAD = {
-    "kl_estimator": "it has no KL term", "kl_in": "it has no KL term",
-    "log_kl": ("it runs no reference model", (None, False)),
-    "gamma": _NO_CRITIC, "lam": _NO_CRITIC, "value_lr": _NO_CRITIC, "value_coef": _NO_CRITIC,
-    "value_target": _NO_CRITIC, "value_nstep": _NO_CRITIC, "value_lam": _NO_CRITIC,
-    "token_rewards": "its reward is the response's checker reward",
     "eval_every": "it evaluates every eval_every (its own argument) updates, by default only at the end",
     "eval_problems": "it evaluates on eval_groups",
 }
@@ -301,8 +295,8 @@ def train_dro(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig, *
     r"""Dr. GRPO with DRO weights: ``train(..., hooks=[DROWeights(method)], evaluation=GroupAccuracy(eval_groups))``.
 
     The rlkit 0.2 name of chapter 19's call, kept for one release. ``cfg.algo`` must be
-    ``"dr_grpo"`` with ``kl_coef == 0``, and the fields this trainer does not read must keep their
-    defaults (the KL's and the critic's, ``token_rewards``, ``eval_every``, ``eval_problems``).
+    ``"dr_grpo"`` (no KL term, no critic), and the fields this trainer does not read must keep their
+    defaults (``eval_every``, ``eval_problems``).
     ``eval_groups`` (``{group: [Problem]}``) is evaluated before training, every ``eval_every``
     updates (default: only at the end) and after the last, and its groups are known to the
     adversary from the start. Returns an :class:`rlkit.llm.RLResult` with extras ``group_weights``
@@ -315,8 +309,6 @@ def train_dro(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig, *
     V.choice(method, "method", DRO_METHODS)
     if cfg.algo != "dr_grpo":
         raise ValueError(f"train_dro supports cfg.algo='dr_grpo' only, got {cfg.algo!r}")
-    if cfg.kl_coef > 0:
-        raise ValueError("train_dro has no KL term: use cfg.kl_coef=0")
     refuse_unread(cfg, "train_dro", _DRO_UNREAD)
     every = cfg.steps if eval_every is None else V.int_in(eval_every, "eval_every")
     hook = DROWeights(method, step_size, eps, alpha, groups=sorted(eval_groups) if eval_groups else ())

@@ -220,23 +220,11 @@ class StaleControl(Hook):
 _UNREAD = {
     "clip_eps": "the clip radius is StaleTrainingConfig.clip_eps (and its clip_schedule)",
     "clip_eps_high": "the clip radius is StaleTrainingConfig.clip_eps (symmetric)",
-    "kl_coef": "there is no KL term to a reference model",
-    "kl_estimator": "there is no KL term to a reference model",
-    "kl_in": "there is no KL term to a reference model",
-    "log_kl": ("no reference model runs", (None, False)),
     "temperature": "the samplers draw at temperature 1 (the behaviour log-probs are the model's own)",
     "top_k": "the samplers draw from the full distribution (the behaviour log-probs are the model's own)",
     "top_p": "the samplers draw from the full distribution (the behaviour log-probs are the model's own)",
     "dynamic_sampling": ("groups are sampled once, by their versions", (None, False)),
     "max_sample_rounds": "groups are sampled once, by their versions (no dynamic sampling)",
-    "token_rewards": "the reward is the response's (group advantages of the checker's reward)",
-    "gamma": "there is no critic (group advantages)",
-    "lam": "there is no critic (group advantages)",
-    "value_lr": "there is no critic (group advantages)",
-    "value_coef": "there is no critic (group advantages)",
-    "value_target": "there is no critic (group advantages)",
-    "value_nstep": "there is no critic (group advantages)",
-    "value_lam": "there is no critic (group advantages)",
 }
 
 
@@ -255,8 +243,8 @@ def train_stale_grpo(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLCo
     (a greedy held-out evaluation, and a sampled one if ``eval_sampled``, its generator seeded
     ``RLConfig.seed + 2``).
     ``cfg.algo`` must be ``"grpo"`` or ``"dr_grpo"``; every :class:`rlkit.llm.RLConfig` field it does
-    not read (the clip radius, the KL, temperature and truncation, dynamic sampling, dense rewards,
-    the critic's fields) must keep its default. Returns an :class:`rlkit.llm.RLResult` whose extras
+    not read (the clip radius, temperature and truncation, dynamic sampling) must keep its default
+    (it has no KL term, no critic and no dense rewards). Returns an :class:`rlkit.llm.RLResult` whose extras
     are ``stale``, ``alerts`` and ``rollbacks`` (:class:`StaleControl`).
 
     Chapter: 12_clipping_staleness.
