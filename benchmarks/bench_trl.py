@@ -33,7 +33,8 @@ setting                TRL 1.16 default                  rlkit default (``algo="
 loss aggregation       ``loss_type="dapo"`` (token mean  ``seq-mean-token-mean`` (TRL's    token mean
                        over the generation batch)        ``grpo``)                         (``dapo``)
 reward scaling         ``scale_rewards="group"``         std of the group (+1e-6)          group std
-beta (KL coefficient)  0.0                               ``kl_coef=0`` (no reference pass) 0
+beta (KL coefficient)  0.0                               no ``KLPenalty`` hook (no         0
+                                                         reference pass)
 clip epsilon           0.2 (``epsilon_high`` = 0.2)      0.2                               0.2
 steps per batch        ``steps_per_generation`` = grad.  ``minibatches=2``                 1
                        accumulation steps (1)
@@ -87,7 +88,7 @@ def run_rlkit(which: str, updates: int, to90: bool, launched: float, seed: int) 
     else:
         model, rtok = gpt, tok
     cfg = RLConfig(algo="grpo", steps=updates, prompts_per_step=16, group_size=8, lr=1e-4, minibatches=1,
-                   epochs=1, aggregation="token-mean", kl_coef=0.0, clip_eps=0.2, grad_clip=1.0,
+                   epochs=1, aggregation="token-mean", clip_eps=0.2, grad_clip=1.0,   # no KLPenalty: beta 0
                    eval_every=TO90_EVERY if to90 else 10 ** 6, eval_problems=256, seed=seed)
     first = {}
     stamps = []
@@ -201,8 +202,9 @@ def launch(name: str, args) -> dict | None:
 def rlkit_defaults() -> dict:
     from rlkit.llm import RLConfig
     c = RLConfig(algo="grpo").resolved()
-    return {"aggregation": c.aggregation, "reward scaling": "group std (+1e-6)", "kl_coef": c.kl_coef,
-            "clip_eps": (c.clip_eps, c.clip_eps_high), "minibatches": c.minibatches, "lr": c.lr}
+    return {"aggregation": c.aggregation, "reward scaling": "group std (+1e-6)",
+            "KL penalty": "none (no KLPenalty hook)", "clip_eps": (c.clip_eps, c.clip_eps_high),
+            "minibatches": c.minibatches, "lr": c.lr}
 
 
 def main() -> None:

@@ -40,7 +40,7 @@ __all__ = ["VALUE_TARGETS", "response_mask", "terminal_rewards", "dense_rewards"
            "response_discounts", "value_targets", "token_advantages", "state_values", "first_wrong_token",
            "most_negative_token", "exact_match_values", "mc_prefix_values", "token_kl_exact", "HiddenValueHead"]
 
-#: The critic targets :func:`~rlkit.llm.value_targets` (and ``RLConfig.value_target``) know.
+#: The critic targets :func:`~rlkit.llm.value_targets` (and the critic's ``TokenGAE(target=...)``) know.
 VALUE_TARGETS = ("gae", "nstep", "mc", "lambda")
 
 Tensor = torch.Tensor
