@@ -29,7 +29,7 @@ from rlkit.llm.lagged import (
     train_lagged,
 )
 from rlkit.llm.samplers import Lagged
-from rlkit.llm.trainer import HeldOut, Hook, consumed
+from rlkit.llm.trainer import HeldOut, Hook
 from rlkit.objectives import normalize_advantages
 from rlkit.staleness import LagDistribution
 
@@ -154,8 +154,7 @@ def test_qhead_starts_at_zero_and_has_one_output_per_token():
 @pytest.mark.parametrize("target,critic", [("none", "v"), ("vtrace", "q"), ("retrace", "q")])
 def test_train_lagged_runs_with_each_target(target, critic):
     model, tok = load_pretrained()
-    cfg = RLConfig(algo="ppo", lam=1.0, steps=3, prompts_per_step=4, group_size=4, eval_every=3, eval_problems=16,
-                   seed=0)
+    cfg = RLConfig(algo="ppo", steps=3, prompts_per_step=4, group_size=4, eval_every=3, eval_problems=16, seed=0)
     lag = LaggedConfig(target=target, critic=critic, lag=LagDistribution.uniform(2), probe_every=2, probe_rows=4,
                        probe_continuations=4)
     res = train_lagged(model, tok, ADDITION, cfg, lag)
@@ -175,7 +174,7 @@ def test_train_lagged_consumes_a_simulated_actor_pool():
     from rlkit.distributed import ActorPool
     from rlkit.llm.actors import GroupSampler, tiny_llm
     model, tok = load_pretrained()
-    cfg = RLConfig(algo="ppo", lam=1.0, steps=4, prompts_per_step=3, group_size=4, minibatches=1, eval_every=4,
+    cfg = RLConfig(algo="ppo", steps=4, prompts_per_step=3, group_size=4, minibatches=1, eval_every=4,
                    eval_problems=16, seed=0)
     with ActorPool(tiny_llm, GroupSampler("addition", group_size=4, prompts=1), n_actors=2, backend="simulated",
                    seed=0, lags=2) as pool:
@@ -190,8 +189,8 @@ def test_train_lagged_consumes_a_simulated_actor_pool():
             train_lagged(load_pretrained()[0], tok, ADDITION, cfg, LaggedConfig(), pool=pool)
 
 
-SMALL = dict(algo="ppo", lam=1.0, steps=2, prompts_per_step=4, group_size=4, eval_every=2, eval_problems=16, seed=0)
-LOOP = {k: v for k, v in SMALL.items() if k != "lam"}   # for train() with OffPolicy, whose lam is 1 by default
+SMALL = dict(algo="ppo", steps=2, prompts_per_step=4, group_size=4, eval_every=2, eval_problems=16, seed=0)
+LOOP = SMALL                                             # the same loop settings, for train() with its parts
 
 
 def test_train_lagged_is_train_with_its_parts():
@@ -202,8 +201,8 @@ def test_train_lagged_is_train_with_its_parts():
     model, tok = load_pretrained()
     old = train_lagged(model, tok, ADDITION, cfg, lag)
     model2, _ = load_pretrained()
-    # lam=1.0 is OffPolicy's own default; RLConfig's lam configures only the default PPO critic
-    new = train(model2, tok, ADDITION, consumed(cfg, "lam"), sampler=Lagged(LagDistribution.uniform(2)),
+    # lam=1.0 is the default of both LaggedConfig and OffPolicy
+    new = train(model2, tok, ADDITION, cfg, sampler=Lagged(LagDistribution.uniform(2)),
                 advantages=OffPolicy("vtrace", "q", clip_rho=2.0), loss=ClippedLoss("standard"),
                 hooks=[ValueProbes(every=1, rows=4, continuations=2)], evaluation=HeldOut(sampled=False, rewards=False))
     assert set(old.history) == set(new.history)
@@ -217,10 +216,30 @@ def test_train_lagged_is_train_with_its_parts():
         assert target_errors(new.probes, name) == old.target_errors(name)
 
 
+def test_train_lagged_takes_the_critic_settings_from_lagged_config():
+    """rlkit 0.3: gamma, lam, value_lr and value_coef are LaggedConfig's (OffPolicy's gamma, lam, lr, coef)."""
+    model, tok = load_pretrained()
+    for field, home in [("gamma", "OffPolicy\\(gamma="), ("lam", "OffPolicy\\(lam="), ("value_lr", "OffPolicy\\(lr="),
+                        ("value_coef", "OffPolicy\\(coef="), ("kl_coef", "KLPenalty"), ("log_kl", "KLPenalty"),
+                        ("token_rewards", "DenseRewards"), ("value_target", "TokenGAE\\(target=")]:
+        with pytest.raises(ValueError, match=f"RLConfig.{field} is not a setting of the loop.*{home}"):
+            RLConfig(**{**SMALL, field: 0.5})
+    cfg = RLConfig(**{**SMALL, "steps": 1, "lr": 2e-4})
+    lag = LaggedConfig(target="none", critic="v", lag=1, gamma=0.9, lam=0.8, value_lr=1e-3, value_coef=0.5)
+    old = train_lagged(model, tok, ADDITION, cfg, lag)
+    model2, _ = load_pretrained()
+    new = train(model2, tok, ADDITION, cfg, sampler=Lagged(1), loss=ClippedLoss(),
+                advantages=OffPolicy("none", "v", gamma=0.9, lam=0.8, lr=1e-3, coef=0.5),
+                evaluation=HeldOut(sampled=False, rewards=False))
+    for key in set(old.history) - {"train_seconds"}:
+        assert [x.hex() for x in old.history[key]] == [x.hex() for x in new.history[key]], key
+    assert all(torch.equal(a, b) for a, b in zip(old.critic.state_dict().values(), new.critic.state_dict().values()))
+    default = train_lagged(load_pretrained()[0], tok, ADDITION, cfg, LaggedConfig(target="none", critic="v", lag=1))
+    assert default.history["value_loss"] != old.history["value_loss"]      # the settings are read
+
+
 @pytest.mark.parametrize("field,value", [
-    ("algo", "grpo"), ("temperature", 0.7), ("top_k", 5), ("top_p", 0.9), ("kl_coef", 0.1), ("kl_estimator", "k1"),
-    ("kl_in", "reward"), ("clip_eps_high", 0.3), ("token_rewards", True), ("value_target", "mc"),
-    ("value_nstep", 2), ("value_lam", 0.5)])
+    ("algo", "grpo"), ("temperature", 0.7), ("top_k", 5), ("top_p", 0.9), ("clip_eps_high", 0.3)])
 def test_train_lagged_refuses_the_settings_it_does_not_read(field, value):
     model, tok = load_pretrained()
     with pytest.raises(ValueError, match=f"{field}"):
@@ -254,13 +273,6 @@ def test_lagged_config_refuses_the_clips_and_probe_sizes_it_would_ignore():
         OffPolicy("none", "v", clip_rho=2.0)
     with pytest.raises(ValueError, match="critic='q'"):
         OffPolicy("retrace", "v")
-
-
-def test_train_lagged_honours_log_kl_now():
-    """rlkit 0.2's trainer ignored RLConfig.log_kl; through train it measures the KL to the reference."""
-    model, tok = load_pretrained()
-    res = train_lagged(model, tok, ADDITION, RLConfig(**{**SMALL, "log_kl": True}))
-    assert len(res.history["kl"]) == 2 and all(math.isfinite(x) for x in res.history["kl"])
 
 
 def test_offpolicy_refuses_a_value_critic_for_retrace_and_value_probes_need_it():

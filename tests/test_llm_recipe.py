@@ -35,8 +35,9 @@ from rlkit.objectives import normalize_advantages
 from rlkit.safety import LagrangeMultiplier
 
 torch.set_num_threads(1)
-SMALL = dict(algo="ppo", lam=1.0, steps=3, prompts_per_step=4, group_size=4, lr=2e-4, value_lr=1e-3, seed=0)
-LOOP = {k: v for k, v in SMALL.items() if k != "lam"}   # for train() with OffPolicy, whose lam is 1 by default
+SMALL = dict(algo="ppo", steps=3, prompts_per_step=4, group_size=4, lr=2e-4, seed=0)
+LOOP = SMALL                                # the same loop settings, for train() with its parts
+VALUE_LR = 1e-3                             # the critic's: OffPolicy(lr=VALUE_LR), RecipeConfig(value_lr=VALUE_LR)
 J3 = ("prefix", "contains", "close1")
 
 
@@ -167,8 +168,9 @@ def test_the_hooks_reproduce_the_recipes_advantage():
     mult = LagrangeMultiplier(budget=0.0, lr=1.0)
     cc = CostConstraint("cost", mult, when="after", whiten=False)
     raw, seen = _Raw(), _Seen(cc)
-    res = train(model, tok, RECIPE_TASK, RLConfig(**LOOP), sampler=Lagged(1), advantages=OffPolicy("vtrace", "q"),
-                loss=ClippedLoss(), hooks=[Judges(J3), raw, UncertaintyWeight(alpha), cc, seen], evaluation=False)
+    res = train(model, tok, RECIPE_TASK, RLConfig(**LOOP), sampler=Lagged(1),
+                advantages=OffPolicy("vtrace", "q", lr=VALUE_LR), loss=ClippedLoss(),
+                hooks=[Judges(J3), raw, UncertaintyWeight(alpha), cc, seen], evaluation=False)
     nus = [0.0] + res.history["nu"][:-1]
     for k, (r, s) in enumerate(zip(raw.seen, seen.seen)):
         mask = s["mask"]
@@ -197,13 +199,14 @@ def test_the_hooks_reproduce_the_recipes_advantage():
 def test_uncertainty_weight_needs_judges_and_alpha_0_changes_nothing():
     model, tok = load_pretrained()
     with pytest.raises(ValueError, match="Judges"):
-        train(model, tok, RECIPE_TASK, RLConfig(**LOOP), sampler=Lagged(1), advantages=OffPolicy("vtrace", "q"),
-              loss=ClippedLoss(), hooks=[UncertaintyWeight(1.0)], evaluation=False)
+        train(model, tok, RECIPE_TASK, RLConfig(**LOOP), sampler=Lagged(1),
+              advantages=OffPolicy("vtrace", "q", lr=VALUE_LR), loss=ClippedLoss(), hooks=[UncertaintyWeight(1.0)],
+              evaluation=False)
     runs = []
     for hooks in ([Judges(J3)], [Judges(J3), UncertaintyWeight(0.0)]):
         model, tok = load_pretrained()
         res = train(model, tok, RECIPE_TASK, RLConfig(**LOOP), sampler=Lagged(1),
-                    advantages=OffPolicy("vtrace", "q"), loss=ClippedLoss(), hooks=hooks, evaluation=False)
+                    advantages=OffPolicy("vtrace", "q", lr=VALUE_LR), loss=ClippedLoss(), hooks=hooks, evaluation=False)
         runs.append((res.history["loss"], [p.clone() for p in model.parameters()]))
     assert runs[0][0] == runs[1][0] and all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1]))
     with pytest.raises(ValueError, match="judge"):
@@ -222,9 +225,10 @@ def test_lagged_under_the_runs_processor_trains_the_processed_policy():
             self.steps.append((step, copy.deepcopy(run.model)))
 
     look = Look()
-    train(model, tok, RECIPE_TASK, RLConfig(**LOOP), sampler=Lagged(1), advantages=OffPolicy("vtrace", "q"),
-          loss=ClippedLoss(), hooks=[CostConstraint("cost", None, when="after", whiten=False), look],
-          evaluation=False, logits_processor=shield)
+    train(model, tok, RECIPE_TASK, RLConfig(**LOOP), sampler=Lagged(1),
+          advantages=OffPolicy("vtrace", "q", lr=VALUE_LR), loss=ClippedLoss(),
+          hooks=[CostConstraint("cost", None, when="after", whiten=False), look], evaluation=False,
+          logits_processor=shield)
     for step, learner in look.steps:
         ro = step.rollout
         assert torch.equal(step.logp_behav, ro.logprobs)
@@ -237,7 +241,8 @@ def test_lagged_under_the_runs_processor_trains_the_processed_policy():
     assert any(bool((s.age > 0).any()) for s, _ in look.steps)
     with pytest.raises(ValueError, match="not both"):
         train(load_pretrained()[0], tok, RECIPE_TASK, RLConfig(**LOOP), sampler=Lagged(1, processor=shield),
-              advantages=OffPolicy("vtrace", "q"), loss=ClippedLoss(), evaluation=False, logits_processor=shield)
+              advantages=OffPolicy("vtrace", "q", lr=VALUE_LR), loss=ClippedLoss(), evaluation=False,
+              logits_processor=shield)
 
 
 def test_lagged_keeps_more_versions_without_changing_a_sample():
@@ -245,7 +250,7 @@ def test_lagged_keeps_more_versions_without_changing_a_sample():
     for keep in (None, 9):
         model, tok = load_pretrained()
         res = train(model, tok, ADDITION, RLConfig(**LOOP), sampler=Lagged(1, keep=keep),
-                    advantages=OffPolicy("vtrace", "q"), loss=ClippedLoss(), evaluation=False)
+                    advantages=OffPolicy("vtrace", "q", lr=VALUE_LR), loss=ClippedLoss(), evaluation=False)
         runs.append(res)
     assert runs[0].archive.versions == [2, 3] and runs[1].archive.versions == [0, 1, 2, 3]
     assert runs[0].history["loss"] == runs[1].history["loss"]
@@ -255,7 +260,7 @@ def test_lagged_keeps_more_versions_without_changing_a_sample():
 
 def test_train_recipe_is_train_on_its_parts_and_the_switches_act(lm):
     cfg = RLConfig(**SMALL)
-    rc = RecipeConfig(lag=2, judges=J3, alpha=2.0, cost_limit=0.0, lambda_lr=1.0)
+    rc = RecipeConfig(lag=2, judges=J3, alpha=2.0, cost_limit=0.0, lambda_lr=1.0, value_lr=VALUE_LR)
     model, tok = load_pretrained()
     res = train_recipe(model, tok, RECIPE_TASK, cfg, rc)
     h = res.history
@@ -276,7 +281,8 @@ def test_train_recipe_is_train_on_its_parts_and_the_switches_act(lm):
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), model2.parameters()))
     # the shield arm samples no cost; without the Lagrangian nu stays 0 and the critic still values the cost
     model, tok = load_pretrained()
-    res3 = train_recipe(model, tok, RECIPE_TASK, cfg, RecipeConfig(shield=True, lagrangian=False))
+    res3 = train_recipe(model, tok, RECIPE_TASK, cfg,
+                        RecipeConfig(shield=True, lagrangian=False, value_lr=VALUE_LR))
     assert max(res3.history["cost"]) == 0.0 and res3.nu == 0.0 and res3.lam == 0.0
     assert set(res3.history["nu"]) == {0.0} and all(math.isfinite(x) for x in res3.history["cost_value_loss"])
     assert "UncertaintyWeight" not in [type(x).__name__ for x in recipe_parts(tok)[2]["hooks"]]
@@ -295,9 +301,8 @@ def test_train_recipe_input_checks(lm):
 
 
 #: a non-default value of every RLConfig field the recipe does not read
-_IGNORED = {"temperature": 0.7, "top_k": 5, "top_p": 0.9, "kl_coef": 0.1, "kl_estimator": "k1", "kl_in": "reward",
-            "log_kl": True, "clip_eps_high": 0.3, "checker": "prefix", "token_rewards": True, "value_target": "mc",
-            "value_nstep": 2, "value_lam": 0.5, "eval_every": 3, "eval_problems": 16}
+_IGNORED = {"temperature": 0.7, "top_k": 5, "top_p": 0.9, "clip_eps_high": 0.3, "checker": "prefix", "eval_every": 3,
+            "eval_problems": 16}
 
 
 @pytest.mark.parametrize("field", sorted(_IGNORED))
@@ -308,7 +313,23 @@ def test_train_recipe_refuses_an_rlconfig_field_it_does_not_read(field, lm):
     with pytest.raises(ValueError, match=f"train_recipe does not read RLConfig.{field} "):
         train_recipe(model, tok, RECIPE_TASK, RLConfig(**{**SMALL, field: _IGNORED[field]}))
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
-    train_recipe(copy.deepcopy(model), tok, RECIPE_TASK, RLConfig(**{**SMALL, "steps": 1, "log_kl": False}))
+    train_recipe(copy.deepcopy(model), tok, RECIPE_TASK, RLConfig(**{**SMALL, "steps": 1}),
+                 RecipeConfig(value_lr=VALUE_LR))
+
+
+def test_train_recipe_takes_the_critic_settings_from_recipe_config(lm):
+    """rlkit 0.3: gamma, lam, value_lr and value_coef are RecipeConfig's (OffPolicy's gamma, lam, lr, coef)."""
+    for field, home in [("gamma", "OffPolicy\\(gamma="), ("lam", "OffPolicy\\(lam="), ("value_lr", "OffPolicy\\(lr="),
+                        ("value_coef", "OffPolicy\\(coef="), ("kl_coef", "KLPenalty"), ("log_kl", "KLPenalty"),
+                        ("token_rewards", "DenseRewards"), ("value_target", "TokenGAE\\(target=")]:
+        with pytest.raises(ValueError, match=f"RLConfig.{field} is not a setting of the loop.*{home}"):
+            RLConfig(**{**SMALL, field: 0.5})
+    _, tok = lm
+    for rc, want in [(RecipeConfig(), (1.0, 1.0, None, 1.0)),
+                     (RecipeConfig(gamma=0.9, lam=0.8, value_lr=VALUE_LR, value_coef=0.5), (0.9, 0.8, VALUE_LR, 0.5))]:
+        _, cfg, kw = recipe_parts(tok, RLConfig(**SMALL), rc)
+        est = kw["advantages"]
+        assert cfg == RLConfig(**SMALL) and (est.gamma, est.lam, est.lr, est.coef) == want
 
 
 @pytest.mark.parametrize("kw", [dict(vtrace=False, clip_rho=2.0), dict(lagrangian=False, cost_limit=0.1),

@@ -54,7 +54,7 @@ from .samplers import Lagged, Pool
 from .sampling import Rollout, sample
 from .tasks import Problem, Task
 from .tokenizer import CharTokenizer
-from .trainer import HeldOut, Hook, RLResult, Step, consumed, train
+from .trainer import HeldOut, Hook, RLResult, Step, train
 
 __all__ = ["TARGETS", "PROBES", "QHead", "LaggedConfig", "LaggedResult", "offpolicy_targets", "continuation_values",
            "target_errors", "ValueProbes", "ClippedLoss", "train_lagged"]
@@ -95,7 +95,10 @@ class LaggedConfig(V.ValidatedConfig):
     ``critic`` (``"q"``: a Q-value over the vocabulary; ``"v"``: :class:`rlkit.llm.ValueHead`, not
     with Retrace); ``normalize`` (whiten the advantages); ``probe_every`` (``None`` or updates
     between probes), ``probe_rows``, ``probe_continuations`` (:class:`ValueProbes`; only with
-    ``probe_every``).
+    ``probe_every``); the critic's ``gamma`` :math:`\gamma` and ``lam`` :math:`\lambda` (in
+    ``[0, 1]``), ``value_lr`` (its learning rate, ``> 0``; ``None``: ``RLConfig.lr``) and
+    ``value_coef`` (``>= 0``), passed to :class:`rlkit.llm.advantages.OffPolicy` (``gamma``, ``lam``,
+    ``lr``, ``coef``; they were RLConfig's in rlkit 0.2).
 
     Chapter: 16_offpolicy_multistep.
     """
@@ -110,6 +113,10 @@ class LaggedConfig(V.ValidatedConfig):
     probe_every: int | None = V.int_field(None, optional=True)
     probe_rows: int = V.int_field(32)
     probe_continuations: int = V.int_field(16, 2)
+    gamma: float = V.number_field(1.0, 0.0, 1.0)
+    lam: float = V.number_field(1.0, 0.0, 1.0)
+    value_lr: float | None = V.number_field(None, 0.0, lo_open=True, optional=True)   # None: RLConfig.lr
+    value_coef: float = V.number_field(1.0, 0.0)
 
     def __post_init__(self):
         super().__post_init__()
@@ -370,14 +377,7 @@ _UNREAD = {
     "temperature": "it samples at temperature 1",
     "top_k": "it samples from the whole vocabulary",
     "top_p": "it samples from the whole vocabulary",
-    "kl_coef": "it has no KL term",
-    "kl_estimator": "it has no KL term",
-    "kl_in": "it has no KL term",
     "clip_eps_high": "its clip radius is the symmetric RLConfig.clip_eps",
-    "token_rewards": "its reward is the response's, on the last token",
-    "value_target": "its critic's target is LaggedConfig.target",
-    "value_nstep": "its critic's target is LaggedConfig.target",
-    "value_lam": "its critic's target uses RLConfig.lam",
 }
 #: ... and those it does not read with an actor pool, whose GroupSampler samples and scores.
 _UNREAD_WITH_POOL = {
@@ -389,7 +389,7 @@ _UNREAD_WITH_POOL = {
 
 def _check_lagged_args(cfg, lagged, pool, timeout) -> tuple[RLConfig, LaggedConfig]:
     """The checks of :func:`train_lagged`: ``(cfg, lagged)`` with their defaults, every unread setting refused."""
-    cfg = RLConfig(algo="ppo", lam=1.0) if cfg is None else V.instance_of(cfg, "cfg", RLConfig)
+    cfg = RLConfig(algo="ppo") if cfg is None else V.instance_of(cfg, "cfg", RLConfig)
     lagged = LaggedConfig() if lagged is None else V.instance_of(lagged, "lagged", LaggedConfig)
     if cfg.algo != "ppo":
         raise ValueError(f"cfg.algo must be 'ppo' for train_lagged (an actor-critic), got {cfg.algo!r}")
@@ -408,13 +408,13 @@ def train_lagged(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig
 
     The rlkit 0.2 name of the chapter's call (kept for one release): ``sampler=Lagged(lagged.lag)``
     (or ``Pool(pool, timeout)`` with an :class:`rlkit.distributed.ActorPool`, whose actors then
-    make the lag), ``advantages=OffPolicy(lagged.target, lagged.critic, ...)`` with ``cfg``'s
-    ``gamma``, ``lam``, ``value_lr`` and ``value_coef``, ``loss=ClippedLoss(lagged.method)``,
-    ``hooks=[ValueProbes(...)]`` when ``lagged.probe_every`` is set, and a greedy held-out
-    evaluation. ``cfg`` (default ``RLConfig(algo="ppo", lam=1.0)``) must have ``algo="ppo"``; the
-    :class:`rlkit.llm.RLConfig` fields it does not read (temperature and truncation, the KL, the
-    asymmetric clip, dense rewards, the critic's target fields; with a pool also the checker and
-    dynamic sampling) must keep their defaults. ``history["loss"]`` is the policy loss (rlkit 0.2's
+    make the lag), ``advantages=OffPolicy(lagged.target, lagged.critic, ...)`` with ``lagged``'s
+    ``gamma``, ``lam``, ``value_lr`` (as ``lr``) and ``value_coef`` (as ``coef``),
+    ``loss=ClippedLoss(lagged.method)``, ``hooks=[ValueProbes(...)]`` when ``lagged.probe_every`` is
+    set, and a greedy held-out evaluation. ``cfg`` (default ``RLConfig(algo="ppo")``) must have
+    ``algo="ppo"``; the :class:`rlkit.llm.RLConfig` fields it does not read (temperature and
+    truncation, the asymmetric clip; with a pool also the checker and dynamic sampling) must keep
+    their defaults. ``history["loss"]`` is the policy loss (rlkit 0.2's
     ``policy_loss``).
 
     Chapter: 16_offpolicy_multistep.
@@ -422,12 +422,12 @@ def train_lagged(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig
     cfg, lagged = _check_lagged_args(cfg, lagged, pool, timeout)
     probes = [] if lagged.probe_every is None else \
         [ValueProbes(lagged.probe_every, lagged.probe_rows, lagged.probe_continuations)]
-    res = train(model, tok, task, consumed(cfg, "gamma", "lam", "value_coef"),
+    res = train(model, tok, task, cfg,
                 sampler=Lagged(lagged.lag) if pool is None else Pool(pool, timeout),
                 advantages=OffPolicy(lagged.target, lagged.critic, clip_rho=lagged.clip_rho, clip_c=lagged.clip_c,
-                                     normalize=lagged.normalize, gamma=cfg.gamma, lam=cfg.lam, coef=cfg.value_coef),
+                                     normalize=lagged.normalize, gamma=lagged.gamma, lam=lagged.lam,
+                                     lr=lagged.value_lr, coef=lagged.value_coef),
                 loss=ClippedLoss(lagged.method), hooks=probes,
                 evaluation=HeldOut(eval_problems, sampled=False, rewards=False), verbose=verbose)
-    res.config = cfg                             # the settings as given (gamma, lam: the estimator's)
     res.extras = {"probes": [], "consumed": [], **res.extras}
     return LaggedResult(**vars(res), lagged=lagged)

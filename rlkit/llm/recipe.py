@@ -71,7 +71,7 @@ from .safety import FORBIDDEN, CostConstraint, forbidden_task, substring_shield
 from .samplers import Lagged
 from .tasks import Problem, Task, contains_answer, numeric_close, prefix_match
 from .tokenizer import CharTokenizer
-from .trainer import Hook, RLResult, consumed, train
+from .trainer import Hook, RLResult, train
 
 __all__ = ["SLOPPY_JUDGES", "RECIPE_TASK", "ensemble_rewards", "Judges", "UncertaintyWeight", "q_guidance",
            "RecipeConfig", "recipe_parts", "train_recipe", "evaluate_recipe",
@@ -232,7 +232,11 @@ class RecipeConfig(V.ValidatedConfig):
     else uncorrected GAE); ``clip_rho`` (:math:`\bar\rho=\bar c`, V-trace only); ``lagrangian``,
     ``cost_limit`` :math:`C_{\max}`, ``lambda_lr`` :math:`\eta_\nu`, ``lambda_init`` (:math:`\nu_0`, the
     multiplier's start; the three only with ``lagrangian``); ``judges`` (checker names whose mean is the
-    reward) and ``alpha`` (uncertainty weighting, 0 = off); ``shield`` (train the shielded policy).
+    reward) and ``alpha`` (uncertainty weighting, 0 = off); ``shield`` (train the shielded policy); the
+    critic's ``gamma`` :math:`\gamma` and ``lam`` :math:`\lambda` (in ``[0, 1]``), ``value_lr`` (its
+    learning rate, ``> 0``; ``None``: ``RLConfig.lr``) and ``value_coef`` (``>= 0``), passed to
+    :class:`rlkit.llm.advantages.OffPolicy` (``gamma``, ``lam``, ``lr``, ``coef``; they were RLConfig's in
+    rlkit 0.2).
 
     Chapter: 24_pitfalls_recipe.
     """
@@ -247,6 +251,10 @@ class RecipeConfig(V.ValidatedConfig):
     judges: tuple = V.config_field(("exact",), _as_judges)
     alpha: float = V.number_field(0.0, 0.0)
     shield: bool = V.bool_field(False)
+    gamma: float = V.number_field(1.0, 0.0, 1.0)
+    lam: float = V.number_field(1.0, 0.0, 1.0)
+    value_lr: float | None = V.number_field(None, 0.0, lo_open=True, optional=True)   # None: RLConfig.lr
+    value_coef: float = V.number_field(1.0, 0.0)
 
 
 #: What :func:`train_recipe` returns (rlkit 0.2's name): an :class:`rlkit.llm.RLResult`.
@@ -257,16 +265,8 @@ _UNREAD = {
     "temperature": "its actors sample at temperature 1",
     "top_k": "its actors sample from the whole vocabulary",
     "top_p": "its actors sample from the whole vocabulary",
-    "kl_coef": "it has no KL term",
-    "kl_estimator": "it has no KL term",
-    "kl_in": "it has no KL term",
-    "log_kl": ("it has no reference model", (None, False)),
     "clip_eps_high": "its clip radius is the symmetric RLConfig.clip_eps",
     "checker": "its reward is the mean of RecipeConfig.judges",
-    "token_rewards": "its reward is the judges', on the last token",
-    "value_target": "its critic's target is V-trace's or GAE's (RecipeConfig.vtrace)",
-    "value_nstep": "its critic's target is V-trace's or GAE's (RecipeConfig.vtrace)",
-    "value_lam": "its critic's target uses RLConfig.lam",
     "eval_every": "it does not evaluate; use evaluate_recipe",
     "eval_problems": "it does not evaluate; use evaluate_recipe",
 }
@@ -278,16 +278,16 @@ def recipe_parts(tok, cfg: RLConfig | None = None, recipe: RecipeConfig | None =
 
     ``kw`` holds ``sampler`` (:class:`~rlkit.llm.samplers.Lagged` with ``recipe.lag``, keeping at
     least 9 versions), ``advantages`` (:class:`~rlkit.llm.advantages.OffPolicy`, ``"vtrace"`` with
-    ``clip_rho`` or ``"none"``, a Q critic, ``gamma``, ``lam`` and ``value_coef`` from ``cfg``), ``loss``
-    (:class:`~rlkit.llm.lagged.ClippedLoss`), ``hooks`` (:class:`Judges`, :class:`UncertaintyWeight` if
-    ``alpha > 0``, :class:`~rlkit.llm.safety.CostConstraint` stepped after the update with a
-    :class:`rlkit.safety.LagrangeMultiplier`, or :math:`\nu = 0` without ``lagrangian``),
+    ``clip_rho`` or ``"none"``, a Q critic, ``gamma``, ``lam``, ``value_lr`` and ``value_coef`` from
+    ``recipe``), ``loss`` (:class:`~rlkit.llm.lagged.ClippedLoss`), ``hooks`` (:class:`Judges`,
+    :class:`UncertaintyWeight` if ``alpha > 0``, :class:`~rlkit.llm.safety.CostConstraint` stepped after
+    the update with a :class:`rlkit.safety.LagrangeMultiplier`, or :math:`\nu = 0` without ``lagrangian``),
     ``evaluation=False`` and ``logits_processor`` (the shield, or None). ``task`` defaults to
-    :data:`RECIPE_TASK`, ``cfg`` to ``RLConfig(algo="ppo", lam=1.0)``, ``recipe`` to ``RecipeConfig()``.
+    :data:`RECIPE_TASK`, ``cfg`` to ``RLConfig(algo="ppo")``, ``recipe`` to ``RecipeConfig()``.
     Every call builds new parts (the multiplier and the critic keep their state).
     Chapter: 24_pitfalls_recipe.
     """
-    cfg = RLConfig(algo="ppo", lam=1.0) if cfg is None else V.instance_of(cfg, "cfg", RLConfig)
+    cfg = RLConfig(algo="ppo") if cfg is None else V.instance_of(cfg, "cfg", RLConfig)
     recipe = RecipeConfig() if recipe is None else V.instance_of(recipe, "recipe", RecipeConfig)
     task = RECIPE_TASK if task is None else V.instance_of(task, "task", Task, "rlkit.llm.tasks.Task")
     hooks = [Judges(recipe.judges)]
@@ -298,11 +298,11 @@ def recipe_parts(tok, cfg: RLConfig | None = None, recipe: RecipeConfig | None =
     hooks.append(CostConstraint("cost", mult, when="after", whiten=False))
     target, clip = ("vtrace", recipe.clip_rho) if recipe.vtrace else ("none", 1.0)
     kw = dict(sampler=Lagged(recipe.lag, keep=max(recipe.lag.max + 1, 9)),
-              advantages=OffPolicy(target, "q", clip_rho=clip, clip_c=clip, gamma=cfg.gamma, lam=cfg.lam,
-                                   coef=cfg.value_coef),
+              advantages=OffPolicy(target, "q", clip_rho=clip, clip_c=clip, gamma=recipe.gamma, lam=recipe.lam,
+                                   lr=recipe.value_lr, coef=recipe.value_coef),
               loss=ClippedLoss("standard"), hooks=hooks, evaluation=False,
               logits_processor=substring_shield(tok, FORBIDDEN) if recipe.shield else None)
-    return task, consumed(cfg, "gamma", "lam", "value_coef"), kw
+    return task, cfg, kw
 
 
 def _check_recipe(recipe: RecipeConfig) -> None:
@@ -322,12 +322,12 @@ def train_recipe(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig
                  recipe: RecipeConfig | None = None, *, verbose: bool = False) -> RLResult:
     r"""The recipe with a switch per component (:class:`RecipeConfig`): :func:`rlkit.llm.train` on :func:`recipe_parts`.
 
-    The rlkit 0.2 name, kept for one release. ``cfg`` (default ``RLConfig(algo="ppo", lam=1.0)``) must
-    be PPO and leave at their defaults the fields the recipe does not read: ``temperature``,
-    ``top_k``, ``top_p``, ``kl_coef``, ``kl_estimator``, ``kl_in``, ``log_kl`` (None or False),
-    ``clip_eps_high``, ``checker``, ``token_rewards``, ``value_target``, ``value_nstep``, ``value_lam``,
-    ``eval_every``, ``eval_problems``. ``recipe`` (:class:`RecipeConfig`) must leave ``clip_rho`` at 1
-    without V-trace and the multiplier's fields at their defaults without the Lagrangian. ``task``
+    The rlkit 0.2 name, kept for one release. ``cfg`` (default ``RLConfig(algo="ppo")``) must be PPO
+    and leave at their defaults the fields the recipe does not read: ``temperature``, ``top_k``,
+    ``top_p``, ``clip_eps_high``, ``checker``, ``eval_every``, ``eval_problems``. The critic's settings
+    (``gamma``, ``lam``, ``value_lr``, ``value_coef``) are :class:`RecipeConfig`'s. ``recipe`` must leave
+    ``clip_rho`` at 1 without V-trace and the multiplier's fields at their defaults without the
+    Lagrangian. ``task``
     must have a ``cost`` checker and the judges (:data:`RECIPE_TASK`).
 
     Returns an :class:`rlkit.llm.RLResult`: ``history`` as :func:`rlkit.llm.train`'s plus ``sigma``,
@@ -338,7 +338,7 @@ def train_recipe(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig
 
     Chapter: 24_pitfalls_recipe.
     """
-    cfg = RLConfig(algo="ppo", lam=1.0) if cfg is None else V.instance_of(cfg, "cfg", RLConfig)
+    cfg = RLConfig(algo="ppo") if cfg is None else V.instance_of(cfg, "cfg", RLConfig)
     recipe = RecipeConfig() if recipe is None else V.instance_of(recipe, "recipe", RecipeConfig)
     if cfg.algo != "ppo":
         raise ValueError(f"cfg.algo must be 'ppo' for train_recipe (an actor-critic), got {cfg.algo!r}")
@@ -351,7 +351,6 @@ def train_recipe(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig
         V.choice(j, "a judge of RecipeConfig.judges", list(task.checkers))
     task, loop_cfg, kw = recipe_parts(tok, cfg, recipe, task)
     res = train(model, tok, task, loop_cfg, verbose=verbose, **kw)
-    res.config = cfg.resolved()                  # the settings as given (gamma, lam: the estimator's)
     res.extras.update(lam=res.nu, recipe=recipe)
     return res
 
