@@ -139,7 +139,7 @@ class Task:
         checkers: other named rewards (sloppy proxies), usable with ``score(..., checker=name)``.
         token_checkers: dense per-token versions of checkers, by the same names
             (``fn(tokens, problem) -> one float per token``, see :func:`digit_rewards`); PPO uses
-            ``token_checkers[cfg.checker]`` with ``RLConfig(token_rewards=True)`` (chapter 14).
+            ``token_checkers[cfg.checker]`` with ``hooks=[DenseRewards()]`` (chapter 14).
     """
 
     def __init__(self, name: str, generate: Callable[[random.Random], Problem | tuple],
