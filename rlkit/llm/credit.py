@@ -19,7 +19,7 @@ puts the book's return machinery (:mod:`rlkit.returns`) on such tensors:
 * the analysis of chapter 14: :func:`~rlkit.llm.first_wrong_token`, :func:`~rlkit.llm.most_negative_token`,
   :func:`~rlkit.llm.exact_match_values` (the exact :math:`V^\pi(h_t)` of the exact-match reward),
   :func:`~rlkit.llm.mc_prefix_values` (the same by sampled continuations, for any checker),
-  :func:`~rlkit.llm.token_kl_exact`, and :class:`HiddenValueHead` (a critic on the LM's hidden states).
+  :func:`~rlkit.llm.token_kl_exact`, and :class:`~rlkit.llm.HiddenValueHead` (a critic on the LM's hidden states).
 """
 from __future__ import annotations
 

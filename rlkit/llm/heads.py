@@ -21,7 +21,7 @@ model's final hidden states :math:`z_t` instead of its logits (``features="hidde
 ``(2, V)``       :math:`(Q_r, Q_c)`      reward and cost Q-values (chapter 24)
 ===============  ======================  ==========================================================
 
-Position :math:`t` is the state after reading ``ids[:, :t + 1]``; :meth:`LogitHead.at_responses`
+Position :math:`t` is the state after reading ``ids[:, :t + 1]``; :meth:`~rlkit.llm.LogitHead.at_responses`
 returns the outputs at the positions that score response tokens.
 """
 from __future__ import annotations

@@ -528,12 +528,12 @@ def _greedy_metrics(model, tok, task, problems) -> dict:
 
 
 def turn_update(run, task: RetryTask):
-    r"""One update of :func:`train_multiturn` on the shared run ``run`` (a :class:`rlkit.llm.trainer.Run`).
+    r"""One update of :func:`~rlkit.llm.train_multiturn` on the shared run ``run`` (a :class:`rlkit.llm.trainer.Run`).
 
     Draws ``prompts_per_step`` training prompts with ``run.rng``, plays ``group_size`` conversations
-    of each (:func:`rollout_turns` at ``temperature``, noise from ``run.gen``), adds the format
-    bonus :math:`c` to every well-formed turn, computes :math:`G_{i,u}` (:func:`turn_returns`) and
-    :math:`\hat A_{i,u}` (:func:`turn_advantages`), puts each turn's advantage on that turn's
+    of each (:func:`~rlkit.llm.rollout_turns` at ``temperature``, noise from ``run.gen``), adds the format
+    bonus :math:`c` to every well-formed turn, computes :math:`G_{i,u}` (:func:`~rlkit.llm.turn_returns`) and
+    :math:`\hat A_{i,u}` (:func:`~rlkit.llm.turn_advantages`), puts each turn's advantage on that turn's
     tokens and takes one Adam step (``run.optimise``: gradient clipped to ``grad_clip``) on
 
     .. math::
@@ -569,7 +569,9 @@ def turn_update(run, task: RetryTask):
 
 def train_multiturn(model, tok: CharTokenizer, task: RetryTask, config: MultiTurnConfig | None = None,
                     *, eval_set: Sequence[Problem] | None = None) -> MultiTurnResult:
-    r"""Turn-level policy gradient with a per-turn discount and a group baseline (:func:`turn_update`, ``steps`` times).
+    r"""Turn-level policy gradient with a per-turn discount and a group baseline, one update at a time.
+
+    Each update is :func:`~rlkit.llm.multiturn.turn_update` (the conversations, the returns, one step).
 
     The run shell is :func:`rlkit.llm.train`'s (:class:`rlkit.llm.trainer.Run`): Adam at ``lr``, the
     prompts' ``random.Random`` and the rollouts' generator seeded ``seed`` (on the GPU when the

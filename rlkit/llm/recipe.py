@@ -77,9 +77,9 @@ __all__ = ["SLOPPY_JUDGES", "RECIPE_TASK", "ensemble_rewards", "Judges", "Uncert
            "RecipeConfig", "recipe_parts", "train_recipe", "evaluate_recipe",
            "forbidden_addition", "RewardCostQHead", "RecipeResult"]
 
-#: Three judges with different bugs (reward models with blind spots): ``prefix`` accepts truncations
-#: (:func:`rlkit.llm.prefix_match`), ``contains`` extra characters (:func:`rlkit.llm.contains_answer`),
-#: ``close1`` an answer off by one (:func:`rlkit.llm.numeric_close`).
+#: The three sloppy judges, reward models with blind spots, each with its own bug. The ``prefix``
+#: judge accepts truncations (:func:`rlkit.llm.prefix_match`), ``contains`` extra characters
+#: (:func:`rlkit.llm.contains_answer`), and ``close1`` an answer off by one (:func:`rlkit.llm.numeric_close`).
 SLOPPY_JUDGES = {"prefix": prefix_match, "contains": contains_answer, "close1": numeric_close(1.0)}
 
 #: Chapter 18's constrained addition (reward ``"exact"``, cost ``"cost"``: an answer containing ``13`` or

@@ -3,8 +3,8 @@ r"""The RL algorithms for language models with verifiable rewards, and the setti
 Chapter: 07_tiny_llm (and every later chapter that trains the tiny LLM).
 
 The loop itself is :func:`rlkit.llm.train` (:mod:`rlkit.llm.trainer`); this module holds what it is
-configured with: :class:`RLConfig`, the per-algorithm advantages (:func:`sequence_advantages`) and
-policy loss (:func:`policy_loss`), and :func:`collect`, which samples and scores a step's groups.
+configured with: :class:`RLConfig`, the per-algorithm advantages (:func:`~rlkit.llm.sequence_advantages`) and
+policy loss (:func:`~rlkit.llm.policy_loss`), and :func:`~rlkit.llm.collect`, which samples and scores a step's groups.
 Every step draws ``prompts_per_step`` training prompts and samples ``group_size`` responses to each
 (the completions of one prompt are consecutive rows). REINFORCE and RLOO have no ratio to correct
 for a policy that moved, so they default to one optimiser step per batch; the clipped algorithms
@@ -42,7 +42,7 @@ distribution :math:`q` whose log-probs the rollout keeps in ``Rollout.logprobs``
 ignore that mismatch, as many real systems do (Part II measures it).
 
 **Models.** Any model following the protocol of :mod:`rlkit.llm.model` (``ids -> logits``). PPO's
-critic is a copy of the initial policy whose logits feed a linear layer (:class:`ValueHead`),
+critic is a copy of the initial policy whose logits feed a linear layer (:class:`~rlkit.llm.ValueHead`),
 so it needs nothing more from the model either. A Hugging Face model runs through
 :class:`rlkit.llm.hf.HFCausalLM` (chapter 25).
 

@@ -2,7 +2,7 @@ r"""The one LLM training loop: sample, score, advantages, minibatch updates, wit
 
 Chapter: 07_tiny_llm (the loop), and every later chapter that trains the tiny LLM through it.
 
-:func:`train` is built from four parts, each replaceable:
+:func:`~rlkit.llm.train` is built from four parts, each replaceable:
 
 * a **sampler** (:mod:`rlkit.llm.samplers`): :class:`~rlkit.llm.samplers.Fresh` responses of the
   current policy (the default), :class:`~rlkit.llm.samplers.Lagged` versions of it (chapter 12), or
@@ -16,7 +16,7 @@ Chapter: 07_tiny_llm (the loop), and every later chapter that trains the tiny LL
   (:class:`KLPenalty`); the staleness control, the cost constraint, the DRO weights, the
   exploration bonuses and the judges of Part III are others, each in its chapter's module.
 
-One update (:func:`train`'s loop, in this order):
+One update (:func:`~rlkit.llm.train`'s loop, in this order):
 
 1. ``step = sampler(run)``: the responses, their rewards and log-probs (a :class:`Step`);
 2. ``hook.on_batch(run, step)`` for each hook: reward channels (a cost, a bonus, the KL penalty);
@@ -31,44 +31,46 @@ One update (:func:`train`'s loop, in this order):
 **What is logged** (``RLResult.history[key]``, one entry per update, NaN where an update did not
 measure it). Every key means one thing in every run, whichever chapter's parts produced it:
 
-=========================  =====================================================================================
-key                        meaning (who logs it)
-=========================  =====================================================================================
-``reward``                 mean reward of the update's responses under the checker (``RLConfig.checker``; with
-                           :class:`rlkit.llm.recipe.Judges` the judges' mean)
-``accuracy``               mean exact-match of the update's responses (the true reward)
-``response_length``        mean number of response tokens (``<eos>`` included)
-``zero_var_share``         share of groups whose rewards were all equal, so no gradient (fresh sampling only)
-``loss``                   mean over minibatches of the minimised loss: policy loss plus the hooks' terms
-``grad_norm``              mean over minibatches of the policy's gradient norm before clipping
-``clip_fraction``          mean over minibatches of the share of tokens whose ratio was clipped
-``entropy``                mean over minibatches of the policy's entropy per trained token (nats)
-``value_loss``             mean over minibatches of the critic's loss on the reward (estimators with a critic)
-``<channel>_value_loss``   the same for a value channel, e.g. ``cost_value_loss`` (chapter 18)
-``train_seconds``          cumulative wall-clock seconds of training, evaluations excluded
-``kl``                     per-token k3 estimate of KL(pi_old || pi_ref) on the update's samples (:class:`KLPenalty`)
-``kl_seq``                 mean over responses of the KL penalty's sum over the response, before beta
-                           (:class:`KLPenalty` in the reward; with k1 the sequence log-ratio)
-``kl_update``              per-token k3 estimate of KL(pi_k || pi_k+1), the update's own size, on the
-                           trained tokens (:class:`rlkit.llm.stale.StaleControl`)
-``update_shift``           :math:`\hat U_k`, the update's shift on the samples (``StaleControl``)
-``staleness``              :math:`\hat S_k`, the distance of the samplers from :math:`\pi_k` (``StaleControl``,
-                           :class:`~rlkit.llm.advantages.OffPolicy`)
-``staleness_kept``         :math:`\hat S_k` on the tokens the filter kept (``StaleControl``)
-``mean_age``               mean version age of the update's responses (lagged sampling)
-``drop_share``             share of tokens the window and filter removed (``StaleControl``)
-``ess``                    effective sample share of the ratios :math:`\pi_k/\mu` (``StaleControl``)
-``lr``                     the learning rate used (``StaleControl``: schedule times the guard's scale)
-``alerts``, ``rolled_back``  the guard's alerts and rollback at this update (``StaleControl``)
-``cost``                   mean cost of the update's responses (:class:`rlkit.llm.safety.CostConstraint`)
-``nu``                     the Lagrange multiplier after the update (``CostConstraint``)
-``shield_rate``            share of responses whose shield removed probability (:class:`rlkit.llm.safety.ShieldRate`)
-``group_share/<group>``    share of the update's prompts from a group (:class:`rlkit.llm.dro.DROWeights`)
-``bonus_div``, ``bonus_rnd``  mean diversity and novelty bonus (:mod:`rlkit.llm.explore`'s hooks)
-``rnd_raw``                mean raw RND prediction error, before normalisation (``RNDBonus``)
-``distinct_correct``       mean number of distinct correct answers per group (``DiversityBonus``)
-``sigma``                  mean spread of the judges' scores (:class:`rlkit.llm.recipe.Judges`)
-=========================  =====================================================================================
+=============================  =====================================================================================
+key                            meaning (who logs it)
+=============================  =====================================================================================
+``reward``                     mean reward of the update's responses under the checker (``RLConfig.checker``; with
+                               :class:`rlkit.llm.recipe.Judges` the judges' mean)
+``accuracy``                   mean exact-match of the update's responses (the true reward)
+``response_length``            mean number of response tokens (``<eos>`` included)
+``zero_var_share``             share of groups whose rewards were all equal, so no gradient (fresh sampling only)
+``loss``                       mean over minibatches of the minimised loss: policy loss plus the hooks' terms
+``grad_norm``                  mean over minibatches of the policy's gradient norm before clipping
+``clip_fraction``              mean over minibatches of the share of tokens whose ratio was clipped
+``entropy``                    mean over minibatches of the policy's entropy per trained token (nats)
+``value_loss``                 mean over minibatches of the critic's loss on the reward (estimators with a critic)
+``<channel>_value_loss``       the same for a value channel, e.g. ``cost_value_loss`` (chapter 18)
+``train_seconds``              cumulative wall-clock seconds of training, evaluations excluded
+``kl``                         per-token k3 estimate of KL(pi_old || pi_ref) on the update's samples
+                               (:class:`KLPenalty`)
+``kl_seq``                     mean over responses of the KL penalty's sum over the response, before beta
+                               (:class:`KLPenalty` in the reward; with k1 the sequence log-ratio)
+``kl_update``                  per-token k3 estimate of KL(pi_k || pi_k+1), the update's own size, on the trained tokens
+                               (:class:`rlkit.llm.stale.StaleControl`)
+``update_shift``               :math:`\hat U_k`, the update's shift on the samples (``StaleControl``)
+``staleness``                  :math:`\hat S_k`, the distance of the samplers from :math:`\pi_k` (``StaleControl``,
+                               :class:`~rlkit.llm.advantages.OffPolicy`)
+``staleness_kept``             :math:`\hat S_k` on the tokens the filter kept (``StaleControl``)
+``mean_age``                   mean version age of the update's responses (lagged sampling)
+``drop_share``                 share of tokens the window and filter removed (``StaleControl``)
+``ess``                        effective sample share of the ratios :math:`\pi_k/\mu` (``StaleControl``)
+``lr``                         the learning rate used (``StaleControl``: schedule times the guard's scale)
+``alerts``, ``rolled_back``    the guard's alerts and rollback at this update (``StaleControl``)
+``cost``                       mean cost of the update's responses (:class:`rlkit.llm.safety.CostConstraint`)
+``nu``                         the Lagrange multiplier after the update (``CostConstraint``)
+``shield_rate``                share of responses whose shield removed probability
+                               (:class:`rlkit.llm.safety.ShieldRate`)
+``group_share/<group>``        share of the update's prompts from a group (:class:`rlkit.llm.dro.DROWeights`)
+``bonus_div``, ``bonus_rnd``   mean diversity and novelty bonus (:mod:`rlkit.llm.explore`'s hooks)
+``rnd_raw``                    mean raw RND prediction error, before normalisation (``RNDBonus``)
+``distinct_correct``           mean number of distinct correct answers per group (``DiversityBonus``)
+``sigma``                      mean spread of the judges' scores (:class:`rlkit.llm.recipe.Judges`)
+=============================  =====================================================================================
 
 The multi-turn and hierarchical trainers (chapters 15 and 23) log through the same :class:`Run`, with
 keys of their own (``first_attempt``, ``retry_accuracy``, ``mean_turns``, ...; ``step1``, ``final``, ...)
@@ -168,7 +170,7 @@ class Hook:
 
 @dataclass
 class RLResult:
-    """What :func:`train` returns: the trained model, the critic (if any), the per-update log and the evaluations.
+    """What :func:`~rlkit.llm.train` returns: the trained model, the critic (if any), the log and the evaluations.
 
     ``extras`` holds what the hooks add (a multiplier's trajectory, a staleness guard's alerts, a
     policy archive); its entries are also readable as attributes (``result.alerts``).
@@ -195,7 +197,7 @@ class RLResult:
 
 
 class HeldOut:
-    """The held-out evaluation of :func:`train`: greedy (and sampled) exact match on ``problems``.
+    """The held-out evaluation of :func:`~rlkit.llm.train`: greedy (and sampled) exact match on ``problems``.
 
     Args:
         problems: the held-out problems (default: ``RLConfig.eval_problems`` of the task's test split,
@@ -238,7 +240,7 @@ class HeldOut:
 class Run:
     """What every update of one training run shares: the model, the optimiser, the generators, the log.
 
-    Built by :func:`train` (and by the multi-turn and hierarchical trainers, which have their own
+    Built by :func:`~rlkit.llm.train` (and by the multi-turn and hierarchical trainers, which have their own
     rollouts): ``rng`` (a ``random.Random`` for prompts) and ``gen`` (a torch generator for
     sampling and minibatch order) are seeded ``RLConfig.seed``; :meth:`generator` gives further
     generators seeded ``seed + offset``. ``version`` counts the published updates.
@@ -515,7 +517,7 @@ def _default_estimator(cfg: RLConfig):
 def assemble(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig | None = None, *, sampler=None,
              advantages=None, loss=None, hooks: Sequence[Hook] = (), evaluation=None,
              eval_problems: Sequence[Problem] | None = None, verbose: bool = False, logits_processor=None):
-    """Check :func:`train`'s arguments and build its parts: ``(run, sampler, advantages, loss, hooks)``, set up.
+    """Check :func:`~rlkit.llm.train`'s arguments; build and set up ``(run, sampler, advantages, loss, hooks)``.
 
     ``cfg.algo`` picks the default estimator: PPO's :class:`~rlkit.llm.advantages.TokenGAE`, or the
     group-relative :class:`~rlkit.llm.advantages.Group`.

@@ -301,11 +301,11 @@ def tight_mixture_example(gamma: GammaLike = 0.9, switch: GammaLike = 0.3, old_s
 # --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class MixedBatchTerms:
-    r"""What both bounds of a mixed batch (:func:`dynamic_mixture_terms`, :func:`current_advantage_terms`)
-    compute first, from :func:`mixed_batch_terms`.
+    r"""What both bounds of a mixed batch compute first (:func:`~rlkit.tabular.dynamic_mixture_terms`,
+    :func:`~rlkit.tabular.current_advantage_terms`), from :func:`mixed_batch_terms`.
 
     Attributes:
-        aug: the augmented :class:`FiniteMDP` (``P[*B, S*M, A, S*M]``).
+        aug: the augmented :class:`~rlkit.tabular.FiniteMDP` (``P[*B, S*M, A, S*M]``).
         beta: ``[*B, S*M, A]``, the behaviour policy :math:`\beta(a\mid s, i) = \pi^{(i)}(a\mid s)`.
         n_versions: :math:`M`.
         d_beta: ``[*B, S*M]``, the augmented visitation :math:`d_\beta(s, i)`.
@@ -333,8 +333,9 @@ class MixedBatchTerms:
 
 def mixed_batch_terms(mdp: FiniteMDP, policies: Tensor, alpha: Tensor, kernel: Tensor, pi_old: Tensor,
                       pi_new: Tensor) -> MixedBatchTerms:
-    r"""Check ``pi_old`` and ``pi_new``, build the augmented MDP (:func:`augment`), solve :math:`d_\beta` on it
-    and :math:`\pi_k` on ``mdp``, and return the terms both bounds of chapter 11 share (eq-ch11-uk-sk)."""
+    r"""Check ``pi_old`` and ``pi_new``, build the augmented MDP (:func:`~rlkit.tabular.augment`), solve
+    :math:`d_\beta` on it and :math:`\pi_k` on ``mdp``, and return the terms both bounds of chapter 11
+    share (eq-ch11-uk-sk)."""
     V.distribution(pi_old, "pi_old", POLICY, shape=mdp.policy_shape)
     V.distribution(pi_new, "pi_new", POLICY, shape=mdp.policy_shape)
     aug, beta = augment(mdp, policies, alpha, kernel)
