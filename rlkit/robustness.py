@@ -40,7 +40,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-__all__ = ["KERNELS", "variant_env", "notebook_client", "run_notebook", "run", "format_table", "main"]
+__all__ = ["KERNELS", "cpu_model", "variant_env", "notebook_client", "run_notebook", "run", "format_table", "main"]
 
 #: The kernel settings the runner knows, each with the environment variables it sets (None removes one).
 KERNELS: dict[str, dict[str, str | None]] = {
@@ -49,6 +49,18 @@ KERNELS: dict[str, dict[str, str | None]] = {
     "avx2": {"MKL_CBWR": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"},
 }
 
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; elsewhere what :mod:`platform` knows): which kernels ran."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or platform.machine()
 
 def variant_env(seed_base: int, kernel: str, base: dict | None = None) -> dict[str, str]:
     """The environment a chapter runs in for one variant: ``base`` (default ``os.environ``) with

@@ -19,22 +19,13 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import sys
 from pathlib import Path
 
+from rlkit.robustness import cpu_model
+
 DATA = Path(__file__).resolve().parent / "data" / "trainer_histories.json"
 ENV = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _digest(module) -> str:

@@ -21,6 +21,8 @@ from pathlib import Path
 from docutils import nodes
 from sphinx.util.docutils import SphinxDirective
 
+from rlkit.robustness import cpu_model
+
 CLAIM_MIME = "application/vnd.rlkit.claim+json"
 _LABEL = re.compile(r"^\(([A-Za-z0-9_:.\-]+)\)=\s*$", re.M)
 
@@ -121,16 +123,6 @@ def _outdated(app, env, added, changed, removed):
     return []
 
 
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _fmt(x: float) -> str:
     return f"{x:.3g}"
 
@@ -203,7 +195,7 @@ def _resolve(app, doctree, fromdoc):
         content.append(nodes.paragraph(text=(
             f"{total} claims in {sum(1 for v in claims.values() if v)} chapters: {asserted} asserted by a "
             f"check cell ({failed} failing), {total - asserted} reported without an assertion. Executed "
-            f"on: {_cpu()}, Python {platform.python_version()}.")))
+            f"on: {cpu_model()}, Python {platform.python_version()}.")))
         for docname in sorted(claims):
             if not claims[docname]:
                 continue
