@@ -493,3 +493,24 @@ def test_steps_to_reach():
           "sampled_accuracy": [0.6, 0.85, 0.92]}
     assert steps_to_reach(ev, 0.9) == (10, 2.0)
     assert steps_to_reach(ev, 0.99) == (None, None)
+
+
+def test_left_pad_matches_a_slow_reference_loop():
+    from rlkit.llm.tokenizer import left_pad
+    rows = [[5, 6, 7], [], [9], [1, 2, 3, 4]]
+    ids, mask = left_pad(rows, pad_id=0)
+    assert ids.dtype == torch.long and mask.dtype == torch.bool and ids.shape == mask.shape == (4, 4)
+    for i, r in enumerate(rows):
+        want = [0] * (4 - len(r)) + r
+        assert ids[i].tolist() == want
+        assert mask[i].tolist() == [False] * (4 - len(r)) + [True] * len(r)
+    e_ids, e_mask = left_pad([], pad_id=3)
+    assert e_ids.shape == e_mask.shape == (0, 0)
+
+
+def test_encoding_a_batch_with_repeated_prompts_equals_encoding_each_row(tok):
+    texts = ["1+2=", "37+45=", "1+2=", "1+2=", "9*9=", "37+45="]
+    ids, mask = tok.encode_batch(texts)
+    for i, t in enumerate(texts):
+        row = tok.encode(t)
+        assert ids[i, mask[i]].tolist() == row and int(mask[i].sum()) == len(row)

@@ -172,7 +172,7 @@ def test_tiny_gpt_weights_map_onto_gpt2_with_the_same_logits():
 def test_hf_tokenizer_matches_the_char_tokenizer_ids():
     htok = HFTokenizer(char_tokenizer_to_hf(TOK))
     assert (htok.pad_id, htok.eos_id, htok.vocab_size) == (TOK.pad_id, TOK.eos_id, TOK.vocab_size)
-    texts = ["37+45=", "1+2=", "a b?"]
+    texts = ["37+45=", "1+2=", "a b?", "1+2=", "37+45=", "1+2="]     # repeats: each distinct text is encoded once
     for x, y in zip(htok.encode_batch(texts), TOK.encode_batch(texts)):
         assert torch.equal(x, y)
     ids = torch.tensor([[5, 6, TOK.eos_id, 7], [8, TOK.pad_id, 9, TOK.eos_id]])

@@ -397,7 +397,10 @@ class HFTokenizer(CharTokenizer):
 
     def encode_batch(self, texts: Sequence[str], device=None) -> tuple[torch.Tensor, torch.Tensor]:
         """LEFT-padded ``[batch, max_len]`` ids of each text put into ``prompt_template`` and their bool mask."""
-        rows = [self.encode(self.prompt_template.replace("{}", t, 1)) for t in V.str_list(texts, "texts")]
+        # a GRPO batch repeats each prompt group_size times: each distinct text is encoded once
+        texts = V.str_list(texts, "texts")
+        ids_of = {t: self.encode(self.prompt_template.replace("{}", t, 1)) for t in dict.fromkeys(texts)}
+        rows = [ids_of[t] for t in texts]
         for i, r in enumerate(rows):
             if not r:
                 raise ValueError(f"texts[{i}] encodes to no token: every prompt needs at least one")

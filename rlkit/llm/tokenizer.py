@@ -124,11 +124,11 @@ class CharTokenizer:
 def left_pad(rows: Sequence[Sequence[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """LEFT-pad token-id lists into ``ids [len(rows), max_len]`` (``pad_id`` filling) and a bool mask of real tokens."""
     width = max((len(r) for r in rows), default=0)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.bool)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
-        mask[i, width - len(r):] = True
+    # one tensor from padded Python lists (a per-row tensor copy costs more than the padding)
+    padded = [[pad_id] * (width - len(r)) + list(r) for r in rows]
+    ids = torch.tensor(padded, dtype=torch.long).reshape(len(rows), width)
+    lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
+    mask = torch.arange(width).unsqueeze(0) >= (width - lengths).unsqueeze(1)
     if device is not None:
         ids, mask = ids.to(device), mask.to(device)
     return ids, mask
