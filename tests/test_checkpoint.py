@@ -257,3 +257,45 @@ def test_save_checkpoint_refuses_bad_arguments(saved, tmp_path):
     with pytest.raises(TypeError, match="path must be a str or path"):
         save_checkpoint(model, tok, 3)
     assert not (tmp_path / "x.pt").exists()             # nothing was written by a refused call
+
+
+# ------------------------------------------------------------------------------- names and paths
+
+def _gpt(seed):
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(vocab_size=CharTokenizer().vocab_size, n_embd=16, n_head=2, n_layer=1, block_size=8))
+
+
+def test_names_that_differ_after_a_dot_are_separate_checkpoints(tmp_path):
+    """S1: only a .pt or .json suffix is replaced; rlkit 0.2 wrote run.v1 and run.v2 both to run.pt."""
+    tok = CharTokenizer()
+    names = ["run.v1", "run.v2", "lr0.001", "lr0.01", "ckpt.best", "run"]
+    models = {name: _gpt(seed) for seed, name in enumerate(names)}
+    for name, model in models.items():
+        pt = save_checkpoint(model, tok, tmp_path / name)
+        assert pt == tmp_path / f"{name}.pt"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{n}{e}" for n in names for e in (".pt", ".json"))
+    ids = torch.tensor([tok.encode("12+3=")])
+    for name, model in models.items():
+        for spelling in (name, f"{name}.pt", f"{name}.json"):
+            loaded = load_checkpoint(tmp_path / spelling)[0]
+            assert torch.equal(loaded(ids), model(ids)), spelling
+    # the weights differ between names (so the loop above tells them apart)
+    assert not torch.equal(models["run.v1"](ids), models["run.v2"](ids))
+
+
+def test_a_dotted_name_saved_by_rlkit_0_2_says_where_it_looked(tmp_path):
+    tok = CharTokenizer()
+    save_checkpoint(_gpt(0), tok, tmp_path / "run")          # what rlkit 0.2 wrote for the name "run.v1"
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(tmp_path / "run.v1")
+    msg = str(err.value)
+    assert f"{tmp_path / 'run.v1.json'} not found" in msg
+    assert f"rlkit 0.2 saved the name 'run.v1' as {tmp_path / 'run.json'}" in msg
+    assert str(tmp_path / "run.pt") in msg
+    with pytest.raises(CheckpointError, match="not found") as err:         # no 0.2 file: no such hint
+        load_checkpoint(tmp_path / "other.v1")
+    assert "0.2" not in str(err.value)
+    for bad in ("", ".", "..", "/"):
+        with pytest.raises(ValueError, match="path must name a checkpoint file"):
+            load_checkpoint(bad)

@@ -70,10 +70,30 @@ def _file_digest(path: Path) -> str:
 
 
 def _paths(path) -> tuple[Path, Path]:
+    """``NAME.pt`` and ``NAME.json``: a ``.pt`` or ``.json`` suffix is stripped, any other name is kept whole.
+
+    ``run.v1`` and ``run.v2`` are two checkpoints (``run.v1.pt``, ``run.v2.pt``), as are ``lr0.001``
+    and ``lr0.01``; ``run``, ``run.pt`` and ``run.json`` all name ``run.pt`` + ``run.json``.
+    """
     p = Path(V.instance_of(path, "path", (str, os.PathLike), "str or path"))
+    if p.name in ("", ".", ".."):
+        raise ValueError(f"path must name a checkpoint file (NAME, NAME.pt or NAME.json), got {str(path)!r}")
     if p.suffix in (".pt", ".json"):
         p = p.with_suffix("")
-    return p.with_suffix(".pt"), p.with_suffix(".json")
+    return p.with_name(p.name + ".pt"), p.with_name(p.name + ".json")
+
+
+def _not_found(what: str, file: Path, path) -> CheckpointError:
+    """The error for a missing file; it names the file looked for, and where rlkit 0.2 put a dotted name."""
+    msg = f"checkpoint {what} {file} not found ({_HINT})"
+    p = Path(path)
+    if p.suffix not in ("", ".pt", ".json"):                    # rlkit 0.2 replaced the last suffix
+        old = p.with_suffix(file.suffix)
+        if old.exists():
+            msg += (f". rlkit 0.2 saved the name {p.name!r} as {old} (where every name that differs from it "
+                    f"only after its last dot was saved too); if that file is this checkpoint, load "
+                    f"{p.with_suffix('.pt')} or rename the two files")
+    return CheckpointError(msg)
 
 
 def save_checkpoint(model: GPT, tok: CharTokenizer, path, meta: dict | None = None) -> Path:
@@ -82,7 +102,9 @@ def save_checkpoint(model: GPT, tok: CharTokenizer, path, meta: dict | None = No
     Args:
         model: a :class:`~rlkit.llm.model.GPT` with finite weights.
         tok: its :class:`~rlkit.llm.tokenizer.CharTokenizer` (the same ``vocab_size``).
-        path: where to write, with or without the ``.pt`` suffix.
+        path: where to write: ``NAME`` or ``NAME.pt`` (or ``NAME.json``) writes ``NAME.pt`` and
+            ``NAME.json``. Only a ``.pt`` or ``.json`` suffix is replaced: ``run.v1`` writes
+            ``run.v1.pt`` and ``run.v1.json`` (rlkit 0.2 wrote ``run.pt``, the file ``run.v2`` wrote too).
         meta: a JSON-serialisable dict stored as is (how the weights were made), or None.
 
     Returns:
@@ -204,7 +226,7 @@ def load_checkpoint(path, device=None, check_hash: bool = True):
     """Load ``path.pt`` + ``path.json``; return ``(model, tokenizer, info)``, the model in eval mode.
 
     Args:
-        path: the checkpoint, with or without the ``.pt`` / ``.json`` suffix.
+        path: the checkpoint, ``NAME``, ``NAME.pt`` or ``NAME.json`` (as for :func:`save_checkpoint`).
         device: where to put the model (default: the CPU).
         check_hash: compare the digests of the configuration, the tokenizer and the weights with
             the recorded ones (step 3 of the module docstring). ``False`` also reads format 1.
@@ -218,9 +240,9 @@ def load_checkpoint(path, device=None, check_hash: bool = True):
     pt, js = _paths(path)
     V.instance_of(check_hash, "check_hash", bool)
     if not js.is_file():
-        raise CheckpointError(f"checkpoint config {js} not found ({_HINT})")
+        raise _not_found("config", js, path)
     if not pt.is_file():
-        raise CheckpointError(f"checkpoint weights {pt} not found ({_HINT})")
+        raise _not_found("weights", pt, path)
     info, cfg, tok = _read_json(js, check_hash)
     if check_hash:
         _check_digests(pt, js, info)
