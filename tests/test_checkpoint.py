@@ -299,3 +299,77 @@ def test_a_dotted_name_saved_by_rlkit_0_2_says_where_it_looked(tmp_path):
     for bad in ("", ".", "..", "/"):
         with pytest.raises(ValueError, match="path must name a checkpoint file"):
             load_checkpoint(bad)
+
+
+def test_save_below_a_regular_file_or_onto_a_directory_names_the_path(tmp_path):
+    model, tok = _gpt(0), CharTokenizer()
+    (tmp_path / "f").write_text("a file")
+    for path, blocker in ((tmp_path / "f" / "run", "f"), (tmp_path / "f" / "sub" / "run", "f")):
+        with pytest.raises(ValueError, match=f"path: cannot save the checkpoint '{path}' in .*: "
+                                             f"{tmp_path / blocker} is a file, not a directory"):
+            save_checkpoint(model, tok, path)
+    (tmp_path / "d.pt").mkdir()
+    with pytest.raises(ValueError, match=f"{tmp_path / 'd.pt'} exists and is not a regular file"):
+        save_checkpoint(model, tok, tmp_path / "d")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.pt", "f"]      # nothing written
+
+
+CRASH = r"""
+import os, sys, pathlib, torch
+import rlkit.llm.checkpoint as c
+from rlkit.llm import CharTokenizer, GPT, GPTConfig, save_checkpoint
+where, path = sys.argv[1], sys.argv[2]
+torch.manual_seed(1)
+new = GPT(GPTConfig(vocab_size=CharTokenizer().vocab_size, n_embd=16, n_head=2, n_layer=1, block_size=8))
+real_save, real_replace = torch.save, os.replace
+def half_save(obj, f, *a, **kw):              # the process dies half-way through the weights
+    import io
+    buf = io.BytesIO(); real_save(obj, buf, *a, **kw)
+    with open(f, "wb") as out:
+        out.write(buf.getvalue()[: len(buf.getvalue()) // 2])
+    os._exit(9)
+def die(*a, **kw):
+    os._exit(9)
+replaced = []
+def replace_then_die(a, b):                   # dies after the first file is moved into place
+    if replaced:
+        os._exit(9)
+    replaced.append(b); real_replace(a, b)
+if where == "weights":
+    torch.save = half_save
+elif where == "config":
+    pathlib.Path.write_text = die
+else:
+    os.replace = replace_then_die
+save_checkpoint(new, CharTokenizer(), path)
+print("the save finished")
+"""
+
+
+@pytest.mark.parametrize("where", ["weights", "config", "between the files"])
+def test_a_save_killed_midway_leaves_the_old_checkpoint_or_none(tmp_path, where):
+    """Killed (os._exit) while overwriting `run`: the old checkpoint loads unchanged, or nothing loads.
+
+    rlkit 0.2 wrote run.pt in place: killed in the weights, run.pt is half a file; killed before the
+    JSON, the new weights sit beside the old config (check_hash=False loads them under it).
+    """
+    import subprocess
+    import sys
+    tok = CharTokenizer()
+    old = _gpt(0)
+    save_checkpoint(old, tok, tmp_path / "run")
+    proc = subprocess.run([sys.executable, "-c", CRASH, where, str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 9, proc.stdout + proc.stderr
+    visible = sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".run.pt.saving-"))
+    ids = torch.tensor([tok.encode("12+3=")])
+    if where == "between the files":                 # the new weights are in place, the config is not
+        assert visible == ["run.pt"]
+        for check_hash in (True, False):
+            with pytest.raises(CheckpointError, match=r"checkpoint config .*run\.json not found"):
+                load_checkpoint(tmp_path / "run", check_hash=check_hash)
+        return
+    assert visible == ["run.json", "run.pt"]
+    for check_hash in (True, False):
+        loaded = load_checkpoint(tmp_path / "run", check_hash=check_hash)[0]
+        assert torch.equal(loaded(ids), old(ids))

@@ -28,6 +28,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import tempfile
 from dataclasses import fields
 from pathlib import Path
 
@@ -97,7 +99,7 @@ def _not_found(what: str, file: Path, path) -> CheckpointError:
 
 
 def save_checkpoint(model: GPT, tok: CharTokenizer, path, meta: dict | None = None) -> Path:
-    """Write ``path.pt`` (the state dict) and ``path.json`` (config, tokenizer, ``meta``, digests).
+    """Write ``NAME.pt`` (the state dict) and ``NAME.json`` (config, tokenizer, ``meta``, digests).
 
     Args:
         model: a :class:`~rlkit.llm.model.GPT` with finite weights.
@@ -109,6 +111,16 @@ def save_checkpoint(model: GPT, tok: CharTokenizer, path, meta: dict | None = No
 
     Returns:
         the path of the ``.pt`` file. Chapter: 07_tiny_llm.
+
+    Raises:
+        ValueError: ``path`` lies below a regular file, or ``NAME.pt`` / ``NAME.json`` is a directory.
+
+    The save is atomic for each file: both are written to a hidden temporary folder beside them
+    (``.NAME.pt.saving-*``, with the name cut to 64 characters; removed afterwards) and moved into
+    place with :func:`os.replace`, the old ``NAME.json`` being removed first. A save interrupted at
+    any point therefore leaves either the previous checkpoint intact, or a checkpoint whose config
+    is missing (refused as not found), never a half-written file or new weights beside the old
+    config; a crash may leave the hidden folder behind.
     """
     V.instance_of(model, "model", GPT)
     V.instance_of(tok, "tok", CharTokenizer)
@@ -123,16 +135,53 @@ def save_checkpoint(model: GPT, tok: CharTokenizer, path, meta: dict | None = No
     for k, v in state.items():
         V.tensor_in(v, f"the model's {k}")
     pt, js = _paths(path)
-    pt.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(state, pt)
+    _writable_dir(pt.parent, path)
+    for f in (pt, js):
+        if f.exists() and not f.is_file():
+            raise ValueError(f"path: cannot save the checkpoint {str(path)!r}: {f} exists and is not a regular file")
     cfg, tk = model.config.to_dict(), tok.to_dict()
-    info = {"format_version": FORMAT_VERSION, "model_class": "GPT", "model_config": cfg, "tokenizer": tk,
-            "n_params": model.num_params(),
-            "sha256": {"model_config": _json_digest(cfg), "tokenizer": _json_digest(tk),
-                       "weights": _file_digest(pt)},
-            "meta": meta}
-    js.write_text(json.dumps(info, indent=1) + "\n")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{pt.name[:64]}.saving-", dir=pt.parent))
+    try:
+        torch.save(state, tmp / pt.name)                       # the same archive name as a direct save
+        info = {"format_version": FORMAT_VERSION, "model_class": "GPT", "model_config": cfg, "tokenizer": tk,
+                "n_params": model.num_params(),
+                "sha256": {"model_config": _json_digest(cfg), "tokenizer": _json_digest(tk),
+                           "weights": _file_digest(tmp / pt.name)},
+                "meta": meta}
+        (tmp / js.name).write_text(json.dumps(info, indent=1) + "\n")
+        for f in (pt, js):
+            _fsync(tmp / f.name)
+        js.unlink(missing_ok=True)          # until the new config is in place the checkpoint is "not found"
+        os.replace(tmp / pt.name, pt)
+        os.replace(tmp / js.name, js)
+        _fsync(pt.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return pt
+
+
+def _writable_dir(parent: Path, path) -> None:
+    """Create ``parent`` (and its parents); a regular file in the way is the caller's ``path``'s fault."""
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocker = next((d for d in (parent, *parent.parents) if d.exists() and not d.is_dir()), parent)
+        raise ValueError(f"path: cannot save the checkpoint {str(path)!r} in {parent}: {blocker} is a file, "
+                         "not a directory") from None
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file (or a directory's entries) to the disk, so that a power cut cannot reorder the writes."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:                     # a directory cannot be opened on some systems
+        return
+    try:
+        os.fsync(fd)
+    except OSError:                     # some file systems cannot sync a directory
+        pass
+    finally:
+        os.close(fd)
 
 
 def _entry(js: Path, what: str, check, *args):
