@@ -8,7 +8,19 @@ import sys
 import pytest
 import torch
 
-from rlkit.exercises import Case, Exercise, Mistake, check, exercise, get, grade, mistake, register, self_check
+from rlkit.exercises import (
+    Case,
+    Exercise,
+    Mistake,
+    UnknownExerciseError,
+    check,
+    exercise,
+    get,
+    grade,
+    mistake,
+    register,
+    self_check,
+)
 
 
 def _reference(rewards, discounts):
@@ -60,7 +72,7 @@ def test_diagnoses(fn, expected):
 
 
 def test_unknown_exercise_lists_known_names():
-    with pytest.raises(KeyError, match="known exercises"):
+    with pytest.raises(ValueError, match="known exercises"):
         get("no_such_exercise")
     with pytest.raises(TypeError, match="student_fn"):
         check(42)
@@ -205,3 +217,88 @@ def test_every_chapter_has_at_least_three_exercises():
     chapters = sorted(int(p.name[:2]) for p in (Path(__file__).parent.parent / "lessons").glob("[0-9][0-9]_*.ipynb"))
     for ch in chapters:
         assert per_chapter[ch] >= 3, f"chapter {ch} registers {per_chapter[ch]} exercises (3 or more expected)"
+
+
+@pytest.mark.parametrize("call", [get, self_check, lambda name: check(_reference, name=name, verbose=False),
+                                  lambda name: check(_reference, name=name)])
+def test_an_unknown_name_is_a_clear_error_not_a_key_error(call):
+    """Reliability review 2.6: exercises.check and get ended in a raw KeyError for an unknown name."""
+    with pytest.raises(UnknownExerciseError) as info:
+        call("rewards_to_go")
+    err = info.value
+    assert isinstance(err, ValueError) and not isinstance(err, KeyError)
+    msg = str(err)
+    assert msg.startswith("no exercise named 'rewards_to_go' (did you mean 'reward_to_go'"), msg
+    assert "known exercises:" in msg and "gae_advantages" in msg
+    with pytest.raises(UnknownExerciseError, match=r"no exercise named 'zzzz_qqq'; known exercises"):
+        get("zzzz_qqq")           # nothing close: no "did you mean"
+
+
+def test_a_student_function_named_after_no_exercise_is_a_clear_error():
+    def rewards_to_go(rewards, discounts):
+        return rewards
+
+    with pytest.raises(UnknownExerciseError, match="did you mean 'reward_to_go'"):
+        check(rewards_to_go)
+
+
+def _as_float32(r, d):
+    return _reference(r, d).float()
+
+
+def test_a_float32_answer_to_a_float64_case_fails_and_names_the_dtype():
+    """Reliability review 2.6: a float32 answer to a float64 exercise passed (the dtype was not compared)."""
+    x64 = Case((torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64),
+                torch.tensor([0.9, 0.9, 0.0, 0.9], dtype=torch.float64)), label="float64")
+    register(Exercise("_test_rtg64", 0, _reference_like, [x64]))
+    assert check(_reference_like, name="_test_rtg64", verbose=False)
+    result = check(_as_float32, name="_test_rtg64", verbose=False)
+    assert not result, result.message
+    assert "wrong dtype: expected torch.float64, got torch.float32 (the values match the reference" in result.message
+    result = check(lambda r, d: _reference(r, d).float() + 1, name="_test_rtg64", verbose=False)
+    assert "expected torch.float64, got torch.float32 (the values differ too" in result.message
+    # an exercise that leaves the floating dtype open accepts both
+    register(Exercise("_test_rtg64_any", 0, _reference_like, [x64], match_dtype=False))
+    assert check(_as_float32, name="_test_rtg64_any", verbose=False)
+
+
+def _reference_like(rewards, discounts):
+    out = torch.zeros_like(rewards)
+    g = torch.zeros(rewards.shape[:-1], dtype=rewards.dtype)
+    for t in reversed(range(rewards.shape[-1])):
+        g = rewards[..., t] + discounts[..., t] * g
+        out[..., t] = g
+    return out
+
+
+def test_every_book_exercise_with_a_float64_case_refuses_a_float32_answer():
+    """The dtype is compared where the exercise states one: for every book exercise with a float64
+    output (except model_token_mask, which asks for "a float 0/1 mask"), the reference with its
+    floating outputs cast to float32 fails, and the message names the expected dtype."""
+    from rlkit.exercises import _call, _flatten, exercises
+
+    def to32(out):
+        if isinstance(out, torch.Tensor) and out.dtype == torch.float64:
+            return out.float()
+        if isinstance(out, (tuple, list)):
+            return type(out)(to32(o) for o in out)
+        return out
+
+    tried = 0
+    for ex in exercises():
+        if ex.chapter <= 0 or not any(isinstance(o, torch.Tensor) and o.dtype == torch.float64
+                                      for c in ex.get_cases() for o in _flatten(_call(ex.reference, c, ex))):
+            continue
+        ref = ex.reference
+
+        def cast(*args, _ref=ref, **kwargs):
+            return to32(_ref(*args, **kwargs))
+
+        cast.__signature__ = __import__("inspect").signature(ref)
+        result = check(cast, name=ex.name, verbose=False)
+        if ex.name == "model_token_mask":
+            raise AssertionError("model_token_mask has no float64 output")
+        assert not result, ex.name
+        assert "wrong dtype: expected torch.float64, got torch.float32" in result.message, (ex.name, result.message)
+        tried += 1
+    assert tried >= 70, tried

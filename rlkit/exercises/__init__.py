@@ -15,10 +15,12 @@ decorated with :func:`mistake` and the cause to report::
 A student writes a function with the same name and calls ``check(reward_to_go)``. ``check`` runs
 the student's function and the reference on every case and explains the first thing that
 differs: a signature that does not fit, an exception, the wrong number of outputs, the wrong shape
-or dtype, NaNs, an input modified in place, or the first differing element, followed by a likely
-cause. Likely causes come from two places: the exercise's registered mistakes (a buggy variant
-whose outputs the student's match exactly), and generic patterns (a sign flip, a constant factor,
-a shift by one step in time, time reversed).
+or dtype (a floating-point output must have the reference's dtype: the dtype of the floating-point
+inputs, by torch's type promotion, or the one the exercise states, e.g. "a float64 tensor"), NaNs,
+an input modified in place, or the first differing element, followed by a likely cause. Likely
+causes come from two places: the exercise's registered mistakes (a buggy variant whose outputs the
+student's match exactly), and generic patterns (a sign flip, a constant factor, a shift by one step
+in time, time reversed).
 
 ``check`` returns a :class:`CheckResult`, truthy when every case matched, so a notebook can
 ``assert check(my_fn)``. Instructors can grade with :func:`grade`, which runs the checks for
@@ -26,6 +28,7 @@ a whole namespace of student functions and returns a table of results.
 """
 from __future__ import annotations
 
+import difflib
 import importlib
 import inspect
 import pkgutil
@@ -37,8 +40,12 @@ import torch
 
 from rlkit import _validate as V
 
-__all__ = ["Case", "Mistake", "Exercise", "CheckResult", "register", "exercise", "mistake", "check", "grade",
-           "exercises", "get", "self_check"]
+__all__ = ["Case", "Mistake", "Exercise", "CheckResult", "UnknownExerciseError", "register", "exercise", "mistake",
+           "check", "grade", "exercises", "get", "self_check"]
+
+
+class UnknownExerciseError(ValueError):
+    """No exercise is registered under the name given to :func:`get`, :func:`check` or :func:`self_check`."""
 
 
 @dataclass
@@ -73,6 +80,9 @@ class Exercise:
     #: how a function's outputs are obtained on a case, ``probe(fn, *args, **kwargs)``; None calls
     #: ``fn(*args, **kwargs)``. A probe can compare more than the return value, e.g. a gradient.
     probe: Callable | None = None
+    #: True: a floating-point tensor output must have the reference's dtype (the dtype of the
+    #: floating-point inputs, or the one the exercise states); False: any floating dtype is accepted.
+    match_dtype: bool = True
 
     def get_cases(self) -> list[Case]:
         cases = list(self.cases() if callable(self.cases) else self.cases)
@@ -112,15 +122,18 @@ def register(exercise: Exercise) -> Exercise:
 
 
 def exercise(chapter: int, cases: Sequence[Case] | Callable[[], Sequence[Case]], *, atol: float = 1e-6,
-             rtol: float = 1e-5, description: str = "",
-             probe: Callable | None = None) -> Callable[[Callable], Callable]:
+             rtol: float = 1e-5, description: str = "", probe: Callable | None = None,
+             match_dtype: bool = True) -> Callable[[Callable], Callable]:
     """Decorator: register the decorated function as the reference solution of the exercise named
     after it, checked on ``cases`` (a list of :class:`Case`, or a function returning one) to
     ``atol``/``rtol``. With ``probe``, every function (the student's, the reference, each mistake)
     is run on a case as ``probe(fn, *args, **kwargs)`` and what the probe returns is compared, for
-    example a loss together with its gradient. Returns the function unchanged."""
+    example a loss together with its gradient. With ``match_dtype`` (the default), a floating-point
+    tensor output must have the reference's dtype; pass False for an exercise that leaves the
+    floating dtype open. Returns the function unchanged."""
     def decorate(reference: Callable) -> Callable:
-        register(Exercise(reference.__name__, chapter, reference, cases, [], atol, rtol, description, probe))
+        register(Exercise(reference.__name__, chapter, reference, cases, [], atol, rtol, description, probe,
+                          match_dtype))
         return reference
     return decorate
 
@@ -158,11 +171,18 @@ def exercises(chapter: int | None = None) -> list[Exercise]:
 
 
 def get(name: str) -> Exercise:
-    """The exercise registered under ``name``; the error lists the known names."""
+    """The exercise registered under ``name``.
+
+    Raises :class:`UnknownExerciseError` (a ``ValueError``) for a name that is not registered; its
+    message names the closest registered names and lists them all.
+    """
+    V.instance_of(name, "name", str, "str (the exercise's name)")
     _load_all()
     if name not in _REGISTRY:
+        close = difflib.get_close_matches(name, list(_REGISTRY), n=3)
+        hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
         known = ", ".join(sorted(_REGISTRY)) or "(none)"
-        raise KeyError(f"no exercise named {name!r}; known exercises: {known}")
+        raise UnknownExerciseError(f"no exercise named {name!r}{hint}; known exercises: {known}")
     return _REGISTRY[name]
 
 
@@ -236,20 +256,33 @@ def _generic_cause(got: torch.Tensor, exp: torch.Tensor, atol: float, rtol: floa
     return None
 
 
-def _compare(got_out, exp_out, atol: float, rtol: float) -> str | None:
-    """None if equal, else a description of the first difference."""
+def _compare(got_out, exp_out, atol: float, rtol: float, match_dtype: bool = False) -> str | None:
+    """None if equal, else a description of the first difference (with ``match_dtype``, a
+    floating-point tensor of another floating dtype than the expected one is a difference)."""
     got_items, exp_items = _flatten(got_out), _flatten(exp_out)
     if len(got_items) != len(exp_items):
         return f"expected {len(exp_items)} output(s), got {len(got_items)}"
     for k, (g, e) in enumerate(zip(got_items, exp_items)):
         where = f"output {k}: " if len(exp_items) > 1 else ""
-        msg = _compare_one(g, e, where, atol, rtol)
+        msg = _compare_one(g, e, where, atol, rtol, match_dtype)
         if msg is not None:
             return msg
     return None
 
 
-def _compare_one(g, e, where: str, atol: float, rtol: float) -> str | None:
+def _dtype_difference(g, e, where: str, atol: float, rtol: float) -> str | None:
+    """Why a floating-point tensor ``g`` does not have the expected tensor ``e``'s floating dtype (None if it does)."""
+    if not (isinstance(g, torch.Tensor) and isinstance(e, torch.Tensor) and g.is_floating_point()
+            and e.is_floating_point() and g.dtype != e.dtype):
+        return None
+    values = ("the values match the reference" if _close(_as_tensor(g), _as_tensor(e), atol, rtol)
+              else "the values differ too")
+    return (f"{where}wrong dtype: expected {e.dtype}, got {g.dtype} ({values}; compute in the dtype of the "
+            f"inputs, or the one the exercise states: e.g. create buffers with torch.zeros_like(x) or "
+            f"dtype=x.dtype, not torch.zeros(n), which is float32)")
+
+
+def _compare_one(g, e, where: str, atol: float, rtol: float, match_dtype: bool = False) -> str | None:
     """One output against its reference: the kind, then the shape and dtype, then the values."""
     et, gt = _as_tensor(e), _as_tensor(g)
     if et is None:  # non-numeric expected output: compare by equality
@@ -263,6 +296,8 @@ def _compare_one(g, e, where: str, atol: float, rtol: float) -> str | None:
     if et.is_floating_point() and not gt.is_floating_point():
         return (f"{where}expected a floating-point result, got dtype {gt.dtype} "
                 "(integer arithmetic truncates; convert with .float())")
+    if match_dtype and (msg := _dtype_difference(g, e, where, atol, rtol)) is not None:
+        return msg
     if _close(gt, et, atol, rtol):
         return None
     return _value_difference(gt, et, where, atol, rtol)
@@ -316,9 +351,10 @@ def _call(fn: Callable, case: Case, ex: Exercise | None = None):
     return _run(fn, ex, _clone(case.args), _clone(case.kwargs))
 
 
-def _differs(fn_a: Callable, fn_b: Callable, case: Case, ex: Exercise) -> str | None:
-    """How ``fn_a`` differs from ``fn_b`` on ``case`` (None if they agree)."""
-    return _compare(_call(fn_a, case, ex), _call(fn_b, case, ex), ex.atol, ex.rtol)
+def _differs(fn_a: Callable, fn_b: Callable, case: Case, ex: Exercise, match_dtype: bool = False) -> str | None:
+    """How ``fn_a`` differs from ``fn_b`` on ``case`` (None if they agree; the floating dtypes are
+    compared only with ``match_dtype``)."""
+    return _compare(_call(fn_a, case, ex), _call(fn_b, case, ex), ex.atol, ex.rtol, match_dtype)
 
 
 def _inputs_modified(before, after) -> list[str]:
@@ -372,7 +408,7 @@ def _first_failure(student_fn: Callable, ex: Exercise, cases: list[Case]) -> tup
         if changed:
             return i, (f"{_describe_case(case, i)}: your function modified its input in place "
                        f"({', '.join(changed)}); work on a copy")
-        diff = _compare(got, expected, ex.atol, ex.rtol)
+        diff = _compare(got, expected, ex.atol, ex.rtol, ex.match_dtype)
         if diff is not None:
             known = _match_mistake(student_fn, ex, cases)
             return i, f"{_describe_case(case, i)}: {diff}" + (f"\n   likely cause: {known}" if known else "")
@@ -447,7 +483,7 @@ def self_check(name: str) -> list[str]:
         problems.append(f"{name}: the reference fails its own check: {ref.message}")
     cases = ex.get_cases()
     for known in ex.mistakes:
-        if not any(_differs(known.fn, ex.reference, c, ex) is not None for c in cases):
+        if not any(_differs(known.fn, ex.reference, c, ex, ex.match_dtype) is not None for c in cases):
             problems.append(f"{name}: the mistake {known.cause!r} gives the reference's answer on every case")
             continue
         result = check(known.fn, name=name, verbose=False)

@@ -112,7 +112,8 @@ def _mtm_cases():
     ]
 
 
-@exercise(chapter=15, cases=_mtm_cases, description="which tokens of a conversation are the model's")
+@exercise(chapter=15, cases=_mtm_cases, match_dtype=False,
+          description="which tokens of a conversation are the model's (a 0/1 mask of any floating dtype)")
 def model_token_mask(ids, prompt_len, feedback_len, eos_id):
     """1.0 at the model's tokens (answers and their <eos>) of right-padded conversations; ids [B, L] -> [B, L].
 
