@@ -66,13 +66,15 @@ def ensemble_aggregate(scores: Tensor, rule: str = "mean", k: float = 1.0, tau: 
     :math:`\min_{q}\{\mathbb E_q[r] + \tau\,\mathrm{KL}(q\,\|\,\mathrm{unif})\}`; it lies between
     the minimum and the mean, tends to the mean as :math:`\tau\to\infty` and is
     :math:`\bar r - \sigma^2/(2\tau) + O(\tau^{-2})` for large :math:`\tau` (the uwo rule with
-    :math:`k = 1/(2\tau)`).
+    :math:`k = 1/(2\tau)`). It is computed from the minimum with ``expm1``/``log1p``, so its error is
+    the dtype's rounding of the scores for every :math:`\tau` (no overflow for a small :math:`\tau`,
+    no cancellation for a large one).
 
     Args:
         scores: ``[..., K, ...]`` floating, finite; ``dim`` indexes the members (``K >= 1``).
         rule: one of :data:`ENSEMBLE_RULES`.
         k: the penalty coefficient of "lcb" and "uwo", a finite number >= 0.
-        tau: the temperature of "softmin", > 0.
+        tau: the temperature of "softmin", a finite number > 0.
         dim: the member dimension.
 
     Returns: the scores with ``dim`` removed. Chapter: 17_uncertainty_risk.
@@ -90,9 +92,21 @@ def ensemble_aggregate(scores: Tensor, rule: str = "mean", k: float = 1.0, tau: 
     if rule == "min":
         return scores.amin(dim)
     if rule == "softmin":
-        return -tau * (torch.logsumexp(-scores / tau, dim) - math.log(scores.shape[dim]))
+        return _softmin(scores, tau, dim)
     var = ((scores - mean.unsqueeze(dim)) ** 2).mean(dim)
     return mean - k * (var.sqrt() if rule == "lcb" else var)
+
+
+def _softmin(x: Tensor, tau: float, dim: int) -> Tensor:
+    r""":math:`-\tau\log\frac1K\sum_j e^{-x_j/\tau}`, written as
+    :math:`m - \tau\,\mathrm{log1p}\big(\frac1K\sum_j \mathrm{expm1}(-(x_j - m)/\tau)\big)` with
+    :math:`m = \min_j x_j`. Every exponent is :math:`\le 0`, so nothing overflows for a small
+    :math:`\tau`, and for a large :math:`\tau` the correction to :math:`m` (about
+    :math:`\bar x - m`) comes out with the dtype's relative precision instead of as the difference of
+    two numbers near :math:`\tau\log K` (which lost the mean in float32 for :math:`\tau \ge 10^4`)."""
+    m = x.amin(dim, keepdim=True)
+    u = torch.expm1(-(x - m) / tau).mean(dim)
+    return m.squeeze(dim) - tau * torch.log1p(u)
 
 
 def downweighted_advantages(advantages: Tensor, sigma: Tensor, alpha: float) -> Tensor:
@@ -206,12 +220,24 @@ def _to_last(values: Tensor, weights: Tensor | None, dim: int, caller: str):
     return x, w, dim
 
 
-def _var_last(x: Tensor, w: Tensor, alpha: float) -> Tensor:
-    # lower alpha-quantile inf{v : F(v) >= alpha} along the last dim (x, w sorted together)
+def _var_last(x: Tensor, w: Tensor | None, alpha: float) -> Tensor:
+    """The lower alpha-quantile inf{v : F(v) >= alpha} along the last dim (``w`` None: equal weights).
+
+    F is accumulated in float64. Equal weights give F(x_(k)) = k/n exactly, so alpha = k/n picks
+    the k-th smallest value in every dtype; given weights carry their dtype's rounding (the masses
+    were normalised in it), so F(v) counts as reaching alpha within a few units of that dtype's
+    precision (1e-9 at the least, as before, for float64)."""
     xs, order = x.sort(-1)
-    cum = w.gather(-1, order).cumsum(-1)
-    idx = (cum < alpha - 1e-9 * (1 + alpha)).sum(-1, keepdim=True).clamp(max=x.shape[-1] - 1)
-    return xs.gather(-1, idx).squeeze(-1)
+    n = x.shape[-1]
+    if w is None:
+        cum = torch.arange(1, n + 1, dtype=torch.float64, device=x.device) / n
+        tol = 1e-9
+    else:
+        cum = w.gather(-1, order).double().cumsum(-1)
+        cum = cum / cum[..., -1:]
+        tol = max(1e-9, 8 * torch.finfo(w.dtype).eps)
+    idx = (cum < alpha - tol * (1 + alpha)).sum(-1, keepdim=True).clamp(max=n - 1)
+    return xs.gather(-1, idx.expand(*xs.shape[:-1], 1)).squeeze(-1)
 
 
 def value_at_risk(values: Tensor, alpha: float, weights: Tensor | None = None, dim: int = -1) -> Tensor:
@@ -230,7 +256,7 @@ def value_at_risk(values: Tensor, alpha: float, weights: Tensor | None = None, d
     """
     alpha = V.real_in(alpha, "alpha", 0.0, 1.0, lo_open=True)
     x, w, _ = _to_last(values, weights, dim, "value_at_risk")
-    return _var_last(x, w, alpha)
+    return _var_last(x, None if weights is None else w, alpha)
 
 
 def cvar_weights(values: Tensor, alpha: float, weights: Tensor | None = None, dim: int = -1) -> Tensor:
@@ -253,7 +279,7 @@ def cvar_weights(values: Tensor, alpha: float, weights: Tensor | None = None, di
     """
     alpha = V.real_in(alpha, "alpha", 0.0, 1.0, lo_open=True)
     x, w, dim = _to_last(values, weights, dim, "cvar_weights")
-    q = _var_last(x, w, alpha).unsqueeze(-1)
+    q = _var_last(x, None if weights is None else w, alpha).unsqueeze(-1)
     below, at = x < q, x == q
     f_below = (w * below).sum(-1, keepdim=True)
     w_at = (w * at).sum(-1, keepdim=True)
@@ -334,7 +360,7 @@ def cvar_pg_weights(values: Tensor, alpha: float, var: Tensor | None = None, wei
     alpha = V.real_in(alpha, "alpha", 0.0, 1.0, lo_open=True)
     x, w, dim = _to_last(values, weights, dim, "cvar_pg_weights")
     if var is None:
-        q = _var_last(x, w, alpha)
+        q = _var_last(x, None if weights is None else w, alpha)
     else:
         V.float_tensor(var, "var", min_dim=0)
         V.same_layout(x[..., 0], "values without dim", var, "var")
@@ -405,7 +431,8 @@ def laplace_bt_covariance(phi_a: Tensor, phi_b: Tensor, w: Tensor, prior_precisi
 
     Args:
         phi_a, phi_b: ``[M, D]`` features of the two responses of each pair. w: ``[D]`` the fitted
-            last-layer weights. prior_precision: :math:`\nu > 0`. p_a: None or ``[M]``.
+            last-layer weights. prior_precision: :math:`\nu > 0`, finite. p_a: None or ``[M]``.
+            All tensors share one dtype and device (a float32 ``w`` with float64 features is refused).
 
     Returns: ``[D, D]`` float64. Chapter: 17_uncertainty_risk.
     """
@@ -415,13 +442,25 @@ def laplace_bt_covariance(phi_a: Tensor, phi_b: Tensor, w: Tensor, prior_precisi
     sizes = V.layout("M D", phi_a=phi_a)
     V.float_tensor(w, "w")
     V.layout("D", sizes, w=w)
+    V.same_kind(w, "w", phi_a, "phi_a")
     lam = V.real_in(prior_precision, "prior_precision", 0.0, lo_open=True)
     if p_a is not None:
-        V.layout("M", sizes, p_a=p_a)
+        V.layout("M", sizes, floating=True, p_a=p_a)
+        V.same_kind(p_a, "p_a", phi_a, "phi_a")
     delta = (phi_a - phi_b).double()
     s = torch.sigmoid(delta @ w.double())
     h = (delta * (s * (1 - s))[:, None]).T @ delta
     return torch.linalg.inv(h + lam * torch.eye(h.shape[0], dtype=h.dtype, device=h.device))
+
+
+def _psd(cov: Tensor, name: str) -> None:
+    """Refuse a covariance that is not finite or not positive semi-definite (beyond rounding)."""
+    V.tensor_in(cov, name)
+    c = cov.detach().double()
+    eig = torch.linalg.eigvalsh(0.5 * (c + c.T))
+    if eig.numel() and float(eig[0]) < -math.sqrt(torch.finfo(cov.dtype).eps) * max(float(eig.abs().max()), 1e-300):
+        raise ValueError(f"{name} must be a covariance matrix (positive semi-definite), but its symmetric part has "
+                         f"the eigenvalue {float(eig[0]):.3g} (largest in size {float(eig.abs().max()):.3g})")
 
 
 def linear_predictive_std(phi: Tensor, cov: Tensor, center: Tensor | None = None) -> Tensor:
@@ -432,13 +471,17 @@ def linear_predictive_std(phi: Tensor, cov: Tensor, center: Tensor | None = None
     With :math:`c = \mathbb E_{\pi_{ref}}[\phi]` this is the uncertainty of a reward measured
     relative to its mean under the reference policy, which is what a Bradley-Terry model can know.
 
-    Args: phi: ``[..., D]``; cov: ``[D, D]``; center: ``[D]`` or None (0).
+    Args: phi: ``[..., D]``; cov: ``[D, D]`` finite and positive semi-definite (its symmetric
+        part's eigenvalues are all >= 0 up to :math:`\sqrt{\varepsilon}` of the dtype times the
+        largest; anything else raises ``ValueError``, since :math:`x^\top\Sigma x` could be negative);
+        center: ``[D]`` or None (0).
     Returns: ``[...]`` in ``phi``'s dtype. Chapter: 17_uncertainty_risk.
     """
     V.float_tensor(phi, "phi", min_dim=1)
     V.float_tensor(cov, "cov", min_dim=2)
     sizes = V.layout("... D", phi=phi)
     V.layout("D D", sizes, cov=cov)
+    _psd(cov, "cov")
     x = phi.double()
     if center is not None:
         V.float_tensor(center, "center")
