@@ -179,6 +179,7 @@ def _beta_cases():
         Case(args=(2.0, 0.015, 0.01), label="KL exactly 1.5 x target (no change: the test is strict)"),
         Case(args=(2.0, 0.01 / 1.5, 0.01), label="KL exactly target / 1.5 (no change)"),
         Case(args=(0.1, 0.05, 0.02), label="another target"),
+        Case(args=(1.0, 0.05, 0.04), label="KL 0.05 against a target of 0.04: in the band (no change)"),
     ]
 
 

@@ -113,6 +113,7 @@ def _lr_cases():
         Case(args=(0.003, 0.0002, 0.02, 0.005), label="KL far below the set point"),
         Case(args=(0.001, 0.03, 0.02, 0.01), label="another set point"),
         Case(args=(0.001, 0.0, 0.02, 0.005), label="the policy did not move (KL = 0)"),
+        Case(args=(0.001, 0.03, 0.04, 0.01), label="threshold 0.04: KL 0.03 is under it (no cut, the set-point rule)"),
     ]
 
 

@@ -129,6 +129,7 @@ def _acl_cases():
              label="rho_k = (1.3, 0.8), rho_new = (1.6, 0.7), A = (+1, -1): the first is clipped at 1.5"),
         Case(args=(*data(200, 0.0, 0.3), 0.2), label="fresh data (rho_k = 1): the same as PPO-clip"),
         Case(args=(*data(200, 0.6, 0.3), 0.2), label="stale data, 200 samples"),
+        Case(args=(*data(200, 0.6, 0.3), 0.05), label="stale data, a narrower window eps = 0.05"),
     ]
 
 

@@ -37,6 +37,7 @@ def _fa_cases():
              label="patience 3: no three violations in a row -> -1"),
         Case(args=([0.01, 0.02, nan, 0.03], 0.1, 1), label="a NaN is an alert"),
         Case(args=([0.5, 0.01, 0.5, 0.5, 0.5], 0.1, 1), label="patience 1 fires at the first violation"),
+        Case(args=([0.2, 0.6, 0.7, 0.3, 0.9], 0.5, 2), label="max_value 0.5: 0.2 and 0.3 are in range, fires at 2"),
     ]
 
 

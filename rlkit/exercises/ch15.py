@@ -105,10 +105,13 @@ def _mtm_cases():
         _conv([11, 11, 14, 11, 11, 16], [[3, 2, 8], [3, 3, 8]], [FB], EOS, 17),
     ])
     two_fb = torch.tensor([_conv([3, 4, 14, 5, 6, 16], [[9, 4], [10, 4]], [FB, FB + 1], EOS, 13)])
+    short = torch.tensor([_conv([3, 14, 5, 16], [[9, 4], [10, 4]], [FB], 2, 12),
+                          _conv([6, 14, 7, 16], [[13, 3]], [FB], 2, 12)])
     return [
         Case(args=(one, 6, 1, EOS), label="one turn: 37+45=82<eos> then padding"),
         Case(args=(three, 6, 1, EOS), label="three conversations of 3, 1 and 2 turns"),
         Case(args=(two_fb, 6, 2, EOS), label="a two-token feedback"),
+        Case(args=(short, 4, 1, 2), label="a 4-token prompt and <eos> id 2 (another tokenizer)"),
     ]
 
 

@@ -81,6 +81,7 @@ def _pid_cases():
         Case(args=(up_down, 0.1, 1.0, 0.5, 3.0), label="PID: the derivative term acts only while the cost rises"),
         Case(args=(torch.tensor([0.2, 0.0, 0.0, 0.0, 0.0, 0.3, 0.3], dtype=d), 0.1, 0.0, 1.0, 0.0),
              label="integral only: a long stretch under the budget, then the cost comes back"),
+        Case(args=(up_down, 0.2, 1.0, 0.5, 1.0), label="PID with a budget of 0.2"),
     ]
 
 

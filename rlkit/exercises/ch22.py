@@ -86,6 +86,8 @@ def _db_cases():
              label="hand case: 'a' twice, 'b' once, 'c' wrong -> [2/3, 2/3, 1, 0]"),
         Case(args=(resp, corr, 4), label="three groups of 4: mixed, all identical, all different"),
         Case(args=(resp[:6], corr[:6], 2), label="groups of 2"),
+        Case(args=(["x", "y", "x", "x"], torch.tensor([1, 1, 1, 1]), 4),
+             label="another group of 4: 'x' three times, 'y' once -> [1/3, 1, 1/3, 1/3]"),
     ]
 
 

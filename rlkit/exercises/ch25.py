@@ -111,8 +111,12 @@ def _agg_cases():
     g = torch.Generator().manual_seed(2503)
     loss = torch.randn(4, 5, generator=g, dtype=F64)
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 0, 0, 0]], dtype=F64)
-    return [Case(args=(loss, mask, kind, 8), label=f"loss_type={kind!r}: 4 completions of 5, 1, 3, 2 tokens, "
-                 f"max_completion_length 8") for kind in ("grpo", "bnpo", "dr_grpo")]
+    loss2 = torch.randn(4, 5, generator=g, dtype=F64)
+    mask2 = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 1], [1, 1, 1, 1, 0], [1, 0, 0, 0, 0]], dtype=F64)
+    return ([Case(args=(loss, mask, kind, 8), label=f"loss_type={kind!r}: 4 completions of 5, 1, 3, 2 tokens, "
+                  f"max_completion_length 8") for kind in ("grpo", "bnpo", "dr_grpo")]
+            + [Case(args=(loss2, mask2, kind, 6), label=f"loss_type={kind!r}: another batch, 2, 5, 4, 1 tokens, "
+                    f"max_completion_length 6") for kind in ("grpo", "bnpo", "dr_grpo")])
 
 
 @exercise(chapter=25, cases=_agg_cases, atol=1e-12,
