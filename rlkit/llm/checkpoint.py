@@ -20,8 +20,17 @@ and what is wrong:
    on each size and on the parameter count) matching the tokenizer and ``n_params``. Nothing has
    been allocated yet, so a config asking for 100,000 layers is refused at once;
 3. the three digests;
-4. the ``.pt`` file is a weights-only state dict whose tensors match the configuration and are
-   finite.
+4. the ``.pt`` file, before torch reads it: an uncompressed zip archive (as ``torch.save`` writes)
+   whose records total at most what the configuration's tensors need at 8 bytes per number, plus
+   a small allowance for the records that describe them (a compressed record would be expanded
+   before its size is known). The shapes are computed from the configuration's sizes, without
+   building a model;
+5. the state dict it holds: dense CPU tensors with exactly the configuration's names and shapes,
+   floating point (float16 and float64 are cast to float32) and finite. Only then is the model
+   built and the weights copied in.
+
+So a JSON that asks for a large model beside a small ``.pt``, or a small ``.pt`` that expands to a
+large one, is refused without allocating the large size.
 """
 from __future__ import annotations
 
@@ -30,6 +39,7 @@ import json
 import os
 import shutil
 import tempfile
+import zipfile
 from dataclasses import fields
 from pathlib import Path
 
@@ -49,6 +59,11 @@ DEFAULT_NAME = "tiny_gpt"
 #: 2: the digests cover the configuration, the tokenizer and the weights (1, rlkit 0.1: the weights only).
 FORMAT_VERSION = 2
 MAX_JSON_BYTES = 2 ** 24
+#: Bytes of zip records a ``.pt`` may hold beyond 8 per number of its tensors (``data.pkl``, version
+#: records): this much, plus :data:`RECORD_ALLOWANCE_PER_TENSOR` per tensor. The shipped file uses
+#: 2,395 bytes for its 28 tensors.
+RECORD_ALLOWANCE = 2 ** 16
+RECORD_ALLOWANCE_PER_TENSOR = 2 ** 10
 _HINT = "regenerate it with `python -m rlkit.llm.pretrain`"
 _KEYS = ("format_version", "model_class", "model_config", "tokenizer", "n_params", "sha256")
 _DIGESTS = ("model_config", "tokenizer", "weights")
@@ -244,17 +259,67 @@ def _check_digests(pt: Path, js: Path, info: dict) -> None:
                               "check_hash=False to load it anyway)")
 
 
-def _read_weights(pt: Path, info: dict, cfg: GPTConfig) -> GPT:
-    """Step 4: a weights-only state dict matching ``cfg``, loaded into a fresh GPT."""
+def _expected_shapes(cfg: GPTConfig) -> dict[str, torch.Size]:
+    """The shape of each tensor in ``GPT(cfg).state_dict()`` (less the tied ``lm_head.weight``), from the sizes alone.
+
+    Written out from the architecture in :mod:`rlkit.llm.model` (as :meth:`GPTConfig.num_params` is),
+    so nothing is allocated; ``tests/test_checkpoint_limits.py`` compares it with real models.
+    """
+    C, S = cfg.n_embd, torch.Size
+    shapes = {"wte.weight": S([cfg.vocab_size, C]), "wpe.weight": S([cfg.block_size, C])}
+    block = {"ln_1.weight": [C], "ln_1.bias": [C], "attn.c_attn.weight": [3 * C, C], "attn.c_attn.bias": [3 * C],
+             "attn.c_proj.weight": [C, C], "attn.c_proj.bias": [C], "ln_2.weight": [C], "ln_2.bias": [C],
+             "mlp.c_fc.weight": [4 * C, C], "mlp.c_fc.bias": [4 * C], "mlp.c_proj.weight": [C, 4 * C],
+             "mlp.c_proj.bias": [C]}
+    for i in range(cfg.n_layer):
+        shapes.update({f"blocks.{i}.{k}": S(v) for k, v in block.items()})
+    shapes.update({"ln_f.weight": S([C]), "ln_f.bias": S([C])})
+    return shapes
+
+
+def _record_budget(expected: dict[str, torch.Size]) -> int:
+    """The most bytes of zip records a ``.pt`` holding ``expected`` may have: 8 per number plus the metadata."""
+    numbers = sum(s.numel() for s in expected.values())
+    return 8 * numbers + RECORD_ALLOWANCE + RECORD_ALLOWANCE_PER_TENSOR * len(expected)
+
+
+def _check_archive(pt: Path, expected: dict[str, torch.Size]) -> None:
+    """Step 4: before torch reads it, the ``.pt`` is an uncompressed zip no larger than the config needs."""
+    budget = _record_budget(expected)
+    unread = f"it was not read. The {len(expected)} tensors of the model_config need at most {budget} bytes"
+    if pt.stat().st_size > budget:
+        raise CheckpointError(f"{pt} has {pt.stat().st_size} bytes; {unread} (8 per number, and the records "
+                              "that describe them)")
     try:
-        state = torch.load(pt, map_location="cpu", weights_only=True)
-    except Exception as err:  # torch raises several types for damaged or unsafe files
-        raise CheckpointError(f"{pt} could not be read as a weights-only torch file: "
-                              f"{type(err).__name__}: {str(err)[:200]}") from None
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise CheckpointError(f"{pt} must hold a dict of tensors (a state dict)")
-    model = GPT(cfg)
-    expected = {k: v.shape for k, v in model.state_dict().items() if k != "lm_head.weight"}
+        with zipfile.ZipFile(pt) as zf:
+            members = zf.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as err:
+        raise CheckpointError(f"{pt} could not be read as a weights-only torch file: it is not a complete zip "
+                              f"archive, the format torch.save writes ({type(err).__name__}: {str(err)[:200]})"
+                              ) from None
+    packed = [m.filename for m in members if m.compress_type != zipfile.ZIP_STORED]
+    if packed:
+        raise CheckpointError(f"{pt} has compressed records {packed[:3]}: torch.save stores them uncompressed, and "
+                              f"a compressed record would be expanded before its size is known; {unread}. "
+                              "Re-save the state dict with torch.save or save_checkpoint")
+    sizes = {m.filename: max(m.file_size, m.compress_size) for m in members}
+    total = sum(sizes.values())
+    if total > budget:
+        big = max(sizes, key=sizes.get)
+        raise CheckpointError(f"{pt} declares {total} bytes of records (the largest, {big}, {sizes[big]} bytes); "
+                              f"{unread}")
+
+
+def _check_tensors(pt: Path, info: dict, state, expected: dict[str, torch.Size]) -> None:
+    """Step 5: dense CPU float tensors with the config's names and shapes, all finite."""
+    if (not isinstance(state, dict) or not all(isinstance(k, str) for k in state)
+            or not all(isinstance(v, torch.Tensor) for v in state.values())):
+        raise CheckpointError(f"{pt} must hold a dict of tensors keyed by name (a state dict)")
+    odd = [f"{k} ({v.layout}, on {v.device.type})" for k, v in state.items()
+           if v.layout != torch.strided or v.device.type != "cpu"]
+    if odd:
+        raise CheckpointError(f"{pt} holds tensors that are not dense tensors with data: {odd[:5]}; a checkpoint "
+                              "holds torch.strided tensors that load onto the CPU")
     lacking = sorted(set(expected) - set(state))
     extra = sorted(set(state) - set(expected))
     if lacking or extra:
@@ -267,6 +332,19 @@ def _read_weights(pt: Path, info: dict, cfg: GPTConfig) -> GPT:
     bad = [k for k, v in state.items() if not v.is_floating_point() or not torch.isfinite(v).all()]
     if bad:
         raise CheckpointError(f"{pt} holds non-float, NaN or infinite values in {bad[:5]}")
+
+
+def _read_weights(pt: Path, info: dict, cfg: GPTConfig) -> GPT:
+    """Steps 4 and 5: a weights-only state dict matching ``cfg``, loaded into a GPT built only once it matched."""
+    expected = _expected_shapes(cfg)
+    _check_archive(pt, expected)
+    try:
+        state = torch.load(pt, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises several types for damaged or unsafe files
+        raise CheckpointError(f"{pt} could not be read as a weights-only torch file: "
+                              f"{type(err).__name__}: {str(err)[:200]}") from None
+    _check_tensors(pt, info, state, expected)
+    model = GPT(cfg)
     model.load_state_dict(state, strict=False)               # lm_head.weight is tied to wte.weight
     return model
 
@@ -279,6 +357,7 @@ def load_checkpoint(path, device=None, check_hash: bool = True):
         device: where to put the model (default: the CPU).
         check_hash: compare the digests of the configuration, the tokenizer and the weights with
             the recorded ones (step 3 of the module docstring). ``False`` also reads format 1.
+            Steps 4 and 5 (the file's records, names, shapes, dtypes) are checked either way.
 
     Returns:
         ``(GPT, CharTokenizer, info)`` where ``info`` is the parsed JSON.
