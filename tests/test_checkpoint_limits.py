@@ -20,7 +20,6 @@ import zipfile
 import pytest
 import torch
 
-import rlkit.llm.checkpoint as ckpt
 from rlkit.llm import GPT, CheckpointError, GPTConfig, load_checkpoint, load_pretrained
 from rlkit.llm.checkpoint import CHECKPOINT_DIR, DEFAULT_NAME
 
@@ -227,7 +226,8 @@ def test_the_shapes_checked_are_those_of_a_real_model(kw):
     """load_checkpoint computes the shapes without a model; they must be GPT(cfg)'s, in its order."""
     cfg = GPTConfig(**kw)
     real = {k: v.shape for k, v in GPT(cfg).state_dict().items() if k != "lm_head.weight"}
-    assert list(ckpt._expected_shapes(cfg).items()) == list(real.items())
+    assert list(cfg.state_shapes().items()) == list(real.items())
+    assert sum(s.numel() for s in cfg.state_shapes().values()) == cfg.num_params() == GPT(cfg).num_params()
 
 
 def test_the_shipped_checkpoint_is_well_inside_the_record_budget():

@@ -259,24 +259,6 @@ def _check_digests(pt: Path, js: Path, info: dict) -> None:
                               "check_hash=False to load it anyway)")
 
 
-def _expected_shapes(cfg: GPTConfig) -> dict[str, torch.Size]:
-    """The shape of each tensor in ``GPT(cfg).state_dict()`` (less the tied ``lm_head.weight``), from the sizes alone.
-
-    Written out from the architecture in :mod:`rlkit.llm.model` (as :meth:`GPTConfig.num_params` is),
-    so nothing is allocated; ``tests/test_checkpoint_limits.py`` compares it with real models.
-    """
-    C, S = cfg.n_embd, torch.Size
-    shapes = {"wte.weight": S([cfg.vocab_size, C]), "wpe.weight": S([cfg.block_size, C])}
-    block = {"ln_1.weight": [C], "ln_1.bias": [C], "attn.c_attn.weight": [3 * C, C], "attn.c_attn.bias": [3 * C],
-             "attn.c_proj.weight": [C, C], "attn.c_proj.bias": [C], "ln_2.weight": [C], "ln_2.bias": [C],
-             "mlp.c_fc.weight": [4 * C, C], "mlp.c_fc.bias": [4 * C], "mlp.c_proj.weight": [C, 4 * C],
-             "mlp.c_proj.bias": [C]}
-    for i in range(cfg.n_layer):
-        shapes.update({f"blocks.{i}.{k}": S(v) for k, v in block.items()})
-    shapes.update({"ln_f.weight": S([C]), "ln_f.bias": S([C])})
-    return shapes
-
-
 def _record_budget(expected: dict[str, torch.Size]) -> int:
     """The most bytes of zip records a ``.pt`` holding ``expected`` may have: 8 per number plus the metadata."""
     numbers = sum(s.numel() for s in expected.values())
@@ -336,7 +318,7 @@ def _check_tensors(pt: Path, info: dict, state, expected: dict[str, torch.Size])
 
 def _read_weights(pt: Path, info: dict, cfg: GPTConfig) -> GPT:
     """Steps 4 and 5: a weights-only state dict matching ``cfg``, loaded into a GPT built only once it matched."""
-    expected = _expected_shapes(cfg)
+    expected = cfg.state_shapes()
     _check_archive(pt, expected)
     try:
         state = torch.load(pt, map_location="cpu", weights_only=True)

@@ -80,6 +80,23 @@ class GPTConfig(V.ValidatedConfig):
         C = self.n_embd
         return (self.vocab_size + self.block_size) * C + self.n_layer * (12 * C * C + 13 * C) + 2 * C
 
+    def state_shapes(self) -> dict[str, torch.Size]:
+        """The shape of each tensor in ``GPT(self).state_dict()``, less the tied ``lm_head.weight``.
+
+        From the sizes alone, so nothing is allocated: a checkpoint's tensors are compared with it
+        before a model is built. The numbers add up to :meth:`num_params`.
+        """
+        C, S = self.n_embd, torch.Size
+        shapes = {"wte.weight": S([self.vocab_size, C]), "wpe.weight": S([self.block_size, C])}
+        block = {"ln_1.weight": [C], "ln_1.bias": [C], "attn.c_attn.weight": [3 * C, C], "attn.c_attn.bias": [3 * C],
+                 "attn.c_proj.weight": [C, C], "attn.c_proj.bias": [C], "ln_2.weight": [C], "ln_2.bias": [C],
+                 "mlp.c_fc.weight": [4 * C, C], "mlp.c_fc.bias": [4 * C], "mlp.c_proj.weight": [C, 4 * C],
+                 "mlp.c_proj.bias": [C]}
+        for i in range(self.n_layer):
+            shapes.update({f"blocks.{i}.{k}": S(v) for k, v in block.items()})
+        shapes.update({"ln_f.weight": S([C]), "ln_f.bias": S([C])})
+        return shapes
+
 
 class KVCache:
     """The keys and values of every token processed so far, for every layer.
