@@ -302,3 +302,60 @@ def test_every_book_exercise_with_a_float64_case_refuses_a_float32_answer():
         assert "wrong dtype: expected torch.float64, got torch.float32" in result.message, (ex.name, result.message)
         tried += 1
     assert tried >= 70, tried
+
+
+def _grade(tmp_path, source: str, *extra: str) -> subprocess.CompletedProcess:
+    student = tmp_path / "submission.py"
+    student.write_text(source)
+    return subprocess.run([sys.executable, "-m", "rlkit.exercises", "grade", str(student), *extra],
+                          capture_output=True, text=True, timeout=240)
+
+
+def test_grade_reports_a_function_that_never_returns_as_timed_out(tmp_path):
+    """Reliability review 2.6: a submission whose reward_to_go never returns hung `grade` (no timeout).
+
+    The loop is reported as timed out, a function that ends the process as such, and the other
+    exercises are still graded; what the submission prints does not disturb the report."""
+    import time
+
+    start = time.monotonic()
+    out = _grade(tmp_path, (
+        "print('noise from the submission')\n"
+        "from rlkit.exercises import get\n"
+        "softmax_score = get('softmax_score').reference\n"
+        "reinforce_loss = get('reinforce_loss').reference\n"
+        "def reward_to_go(rewards, discounts):\n"
+        "    while True:\n"
+        "        pass\n"
+        "def bandit_gradient(logits, rewards):\n"
+        "    import os\n"
+        "    os._exit(3)\n"), "--chapter", "1", "--timeout", "2")
+    assert time.monotonic() - start < 120
+    assert out.returncode == 1, out.stderr
+    lines = out.stdout.splitlines()
+    assert "✗ reward_to_go: timed out: the check did not finish within 2 s" in out.stdout, out.stdout
+    assert any(ln.startswith("✗ bandit_gradient: the grading process ended (exit code 3)") for ln in lines), out.stdout
+    assert sum(ln.startswith(("✓ softmax_score", "✓ reinforce_loss")) for ln in lines) == 2, out.stdout
+    assert lines[-1] == "score: 2/4 exercises passed (4 attempted)"
+    assert "noise from the submission" not in out.stdout and "noise from the submission" in out.stderr
+
+
+def test_grade_bounds_the_import_of_the_file_and_reports_an_import_error(tmp_path):
+    out = _grade(tmp_path, "while True:\n    pass\n", "--chapter", "1", "--timeout", "2")
+    assert out.returncode == 1
+    assert "did not finish importing within 2 s" in out.stderr and "score: 0/4" in out.stdout
+    out = _grade(tmp_path, "raise RuntimeError('broken submission')\n", "--chapter", "1")
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "raised RuntimeError: broken submission while being imported" in out.stderr
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "nan", "inf", "soon"])
+def test_grade_refuses_a_timeout_that_is_not_a_positive_number(tmp_path, capsys, bad):
+    from rlkit.exercises.__main__ import main
+
+    student = tmp_path / "submission.py"
+    student.write_text("")
+    with pytest.raises(SystemExit) as info:
+        main(["grade", str(student), "--timeout", bad])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "--timeout" in err and "seconds" in err, err

@@ -1,23 +1,189 @@
 """Grade a student's file of exercise functions from the command line.
 
     python -m rlkit.exercises list [--chapter N]
-    python -m rlkit.exercises grade student.py [--chapter N]
-    python -m rlkit.exercises student-edition OUT/ [--lessons lessons/]
+    python -m rlkit.exercises grade student.py [--chapter N] [--timeout SECONDS] [--verbose]
+    python -m rlkit.exercises student-edition OUT/ [--lessons lessons/] [--force]
 
-``grade`` imports the file (so only run it on code you are willing to execute), checks every
-registered exercise whose function the file defines, prints one line per exercise and a score,
-and exits with status 0 when everything passed, 1 otherwise. ``student-edition`` writes the
-chapter notebooks without their solutions (see :mod:`rlkit.exercises.student`).
+``grade`` runs the file in a separate Python process (so only run it on code you are willing to
+execute), checks every registered exercise whose function the file defines, prints one line per
+exercise and a score, and exits with status 0 when everything passed, 1 otherwise. The import of
+the file and the check of each exercise must each finish within ``--timeout`` seconds (default
+60): an exercise that takes longer (a function that never returns) is reported as timed out, the
+process is killed and a fresh one grades the remaining exercises; one that ends the process
+(``sys.exit``, a crash) is reported as such. The separate process contains hangs and crashes, not
+cheating: it still holds the checkers and their reference solutions. ``student-edition`` writes
+the chapter notebooks without their solutions into a missing or empty folder, or with
+``--force`` over the chapter files of a folder that is not empty (see
+:mod:`rlkit.exercises.student`).
 """
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import json
+import math
+import os
+import queue
+import signal
+import subprocess
 import sys
+import threading
 from pathlib import Path
 
-from rlkit.exercises import exercises, grade
+import rlkit
+from rlkit.exercises import CheckResult, exercises, get
 from rlkit.exercises.student import student_edition
+
+DEFAULT_TIMEOUT = 60.0
+#: seconds a grading process may take to start Python and load the checkers (before the submission runs)
+STARTUP_TIMEOUT = 600.0
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive, finite number of seconds, got {text!r}")
+    return value
+
+
+class _Worker:
+    """One grading process: its JSON-lines reports, read by a thread, with a deadline on each wait."""
+
+    def __init__(self, file: Path, chapter: int | None, after: str | None):
+        cmd = [sys.executable, "-m", "rlkit.exercises._worker", str(file)]
+        if chapter is not None:
+            cmd += ["--chapter", str(chapter)]
+        if after is not None:
+            cmd += ["--after", after]
+        env = dict(os.environ)   # the child imports the same rlkit as this process
+        root = str(Path(rlkit.__file__).resolve().parents[1])
+        env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, start_new_session=os.name == "posix")
+        self.events: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for raw in self.proc.stdout:
+            try:
+                self.events.put(json.loads(raw.decode("utf-8")))
+            except ValueError:
+                continue
+        self.events.put(None)                         # end of the reports: the process is ending
+
+    def next(self, timeout: float):
+        """The next report; None when the process ended; "timeout" after ``timeout`` seconds."""
+        try:
+            return self.events.get(timeout=timeout)
+        except queue.Empty:
+            return "timeout"
+
+    def exit_code(self) -> int | None:
+        try:
+            return self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                if os.name == "posix":
+                    os.killpg(self.proc.pid, signal.SIGKILL)   # the submission's own children too
+                else:
+                    self.proc.kill()
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.proc.wait()
+
+
+def _failed(name: str, why: str) -> CheckResult:
+    total = len(get(name).get_cases())
+    return CheckResult(name, False, f"✗ {name}: {why}", 0, total)
+
+
+def _grade_exercises(worker: _Worker, names: list[str], results: dict, timeout: float) -> str | None:
+    """Collect one worker's results into ``results``; the name it stopped at without a result (None if none)."""
+    current = None
+    while True:
+        event = worker.next(timeout)
+        if event == "timeout":
+            if current is None:     # stuck between two checks (e.g. in a finaliser of the submission's objects)
+                current = next(n for n in names if n not in results)
+            worker.kill()
+            results[current] = _failed(current, f"timed out: the check did not finish within {timeout:g} s "
+                                                f"(does your function return? an infinite loop?)")
+            return current
+        if event is None:
+            code = worker.exit_code()
+            if current is not None and current not in results:
+                results[current] = _failed(current, f"the grading process ended (exit code {code}) while checking "
+                                                    f"this exercise: your function exited or crashed Python")
+                return current
+            return None
+        if event.get("event") == "start":
+            current = event["name"]
+        elif event.get("event") == "result":
+            results[event["name"]] = CheckResult(event["name"], event["passed"], event["message"],
+                                                 event["cases_passed"], event["cases_total"])
+            current = None
+            if len(results) == len(names):
+                worker.exit_code()
+                return None
+
+
+def _import(worker: _Worker, timeout: float) -> str | None:
+    """Wait for the worker to load the checkers, then to import the submission: None when it did, else why not."""
+    event = worker.next(STARTUP_TIMEOUT)
+    if event == "timeout" or event is None or event.get("event") != "ready":
+        worker.kill()
+        return f"the grading process did not start (within {STARTUP_TIMEOUT:g} s)"
+    event = worker.next(timeout)
+    if event == "timeout":
+        worker.kill()
+        return f"the file did not finish importing within {timeout:g} s (a loop at the top level of the file?)"
+    if event is None:
+        return f"the grading process ended (exit code {worker.exit_code()}) while importing the file"
+    if event.get("event") == "import_error":
+        worker.kill()
+        return f"the file raised {event['error']} while being imported"
+    return None
+
+
+def _grade_file(file: Path, chapter: int | None = None, timeout: float = DEFAULT_TIMEOUT) -> list[CheckResult]:
+    """Grade the functions of ``file`` in separate processes, each check bounded by ``timeout`` seconds.
+
+    Returns one :class:`CheckResult` per registered exercise (of ``chapter``), in order. Raises
+    ``RuntimeError`` when the file cannot be imported (within ``timeout``).
+    """
+    names = [ex.name for ex in exercises(chapter)]
+    results: dict[str, CheckResult] = {}
+    after = None
+    while len(results) < len(names):
+        worker = _Worker(file, chapter, after)
+        try:
+            problem = _import(worker, timeout)
+            if problem is not None:
+                raise RuntimeError(problem)
+            after = _grade_exercises(worker, names, results, timeout)
+            if after is None and len(results) < len(names):
+                missing = [n for n in names if n not in results]
+                raise RuntimeError(f"the grading process stopped before checking {missing[0]}")
+        finally:
+            worker.kill()
+    return [results[n] for n in names]
+
+
+def _print_results(results: list[CheckResult], verbose: bool) -> None:
+    for r in results:
+        if verbose:
+            print(r.message)
+            continue
+        lines = r.message.splitlines()
+        print(lines[0])
+        if not r.passed and r.cases_total > 0:
+            for line in lines[1:]:
+                print("    " + line.strip())
 
 
 def main(argv=None) -> int:
@@ -28,17 +194,22 @@ def main(argv=None) -> int:
     p_grade = sub.add_parser("grade", help="check a student's functions")
     p_grade.add_argument("file", type=Path)
     p_grade.add_argument("--chapter", type=int, default=None)
+    p_grade.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT,
+                         help=f"seconds allowed for importing the file and for each exercise's check "
+                              f"(default {DEFAULT_TIMEOUT:g})")
     p_grade.add_argument("--verbose", action="store_true", help="print each check's full report")
     p_student = sub.add_parser("student-edition", help="write the chapter notebooks without their solutions")
-    p_student.add_argument("out", type=Path, help="the folder to write the student notebooks to")
+    p_student.add_argument("out", type=Path, help="the folder to write the student notebooks to (missing or empty)")
     p_student.add_argument("--lessons", type=Path, default=None,
                            help="the chapter notebooks (default: lessons/ of an editable install)")
+    p_student.add_argument("--force", action="store_true",
+                           help="replace the chapter notebooks in an OUT folder that is not empty")
     args = parser.parse_args(argv)
 
     if args.cmd == "student-edition":
         try:
-            report = student_edition(args.out, args.lessons)
-        except (FileNotFoundError, ValueError) as err:
+            report = student_edition(args.out, args.lessons, force=args.force)
+        except (OSError, ValueError) as err:
             parser.error(str(err))
         for name, removed in report.items():
             print(f"{name}: {removed['blocks']} solution blocks and {removed['cells']} solution cell(s) removed")
@@ -52,17 +223,14 @@ def main(argv=None) -> int:
 
     if not args.file.is_file():
         parser.error(f"file: {args.file} does not exist")
-    spec = importlib.util.spec_from_file_location("student_submission", args.file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    results = grade(vars(module), chapter=args.chapter, verbose=args.verbose)
+    try:
+        results = _grade_file(args.file, args.chapter, args.timeout)
+    except RuntimeError as err:
+        print(f"grade: {args.file}: {err}", file=sys.stderr)
+        print(f"score: 0/{len(exercises(args.chapter))} exercises passed (the file could not be graded)")
+        return 1
+    _print_results(results, args.verbose)
     attempted = [r for r in results if r.cases_total > 0]
-    for r in results:
-        first = r.message.splitlines()[0]
-        print(first)
-        if not r.passed and r.cases_total > 0 and not args.verbose:
-            for line in r.message.splitlines()[1:]:
-                print("    " + line.strip())
     passed = sum(r.passed for r in results)
     print(f"score: {passed}/{len(results)} exercises passed ({len(attempted)} attempted)")
     return 0 if passed == len(results) else 1
