@@ -168,7 +168,7 @@ def score_sums(policy: nn.Module, obs: Tensor, actions: Tensor, weights: Tensor,
             :class:`rlkit.nets.CategoricalPolicy`), each step independently. Every parameter must
             belong to an ``nn.Linear`` layer (true for the book's MLPs); otherwise ``TypeError``.
         obs: ``[B, T, obs_dim]`` float.
-        actions: ``[B, T]`` int64.
+        actions: ``[B, T]`` int64, each in ``[0, A)``.
         weights: ``[B, T, K]`` float (``K`` weightings of the same steps).
         mask: optional ``[B, T]`` bool or 0/1 of real steps (padding gets weight 0).
 
@@ -206,6 +206,7 @@ def score_sums(policy: nn.Module, obs: Tensor, actions: Tensor, weights: Tensor,
             logits = policy(obs)
             if tuple(logits.shape[:2]) != (B, T) or logits.dim() != 3:
                 raise ValueError(f"policy(obs) must return logits [B, T, A], got {tuple(logits.shape)}")
+            V.index_tensor(actions, "actions", n=logits.shape[-1])    # A = the number of logits per step
             logp = torch.log_softmax(logits, dim=-1).gather(-1, actions[..., None]).squeeze(-1)
             used = [mod for mod in linears if mod in saved]
             outs = [saved[mod][1] for mod in used]
@@ -322,8 +323,9 @@ def gradient_bias_variance(estimates: Tensor, reference: Tensor, *, mean: Tensor
 
     Chapter: 02_advantage_gae.
     """
+    sizes = V.layout("P", V.layout("M P", floating=True, estimates=estimates), floating=True, reference=reference)
+    V.int_in(sizes["M"], "the number of estimates estimates.shape[0]", 2)
     variance = trace_covariance(estimates)
-    sizes = V.layout("P", V.layout("M P", estimates=estimates), floating=True, reference=reference)
     est = estimates.detach().to(torch.float64)
     ref = reference.detach().to(device=est.device, dtype=torch.float64)
     ref_norm = V.real_in(float(ref.norm()), "the norm of reference", 0.0, lo_open=True)

@@ -252,6 +252,15 @@ class VersionedBuffer:
         keys = tuple(sorted(fields))
         if self._keys is not None and keys != self._keys:
             raise ValueError(f"every put must have the same fields: had {self._keys}, got {keys}")
+        if self._chunks:                 # take() concatenates the puts: one per-sample shape and dtype each
+            first = self._chunks[0]
+            for k, x in (("logp", logp), *fields.items()):
+                had = first["logp_behav" if k == "logp" else k]
+                if tuple(x.shape[1:]) != tuple(had.shape[1:]) or x.dtype != had.dtype:
+                    raise ValueError(f"{k} has shape [n, {', '.join(map(str, x.shape[1:]))}] and dtype {x.dtype} "
+                                     f"but the earlier puts stored [n, {', '.join(map(str, had.shape[1:]))}] and "
+                                     f"{had.dtype}: every put must give {k} the same shape after the first "
+                                     f"dimension and the same dtype")
         self._keys = keys
         chunk = {"version": ver, "logp_behav": logp.detach(), **{k: v.detach() for k, v in fields.items()}}
         self._chunks.append(chunk)
@@ -476,7 +485,17 @@ def half_abs_ratio_diff(logp_a: Tensor, logp_b: Tensor, logp_behav: Tensor, mask
     Chapter: 11_dynamic_mixing (eq-ch11-tv-ratio); used in 12_clipping_staleness and 13.
     """
     V.matching_floats(min_dim=0, logp_a=logp_a, logp_b=logp_b, logp_behav=logp_behav)
-    m = V.check_mask(mask, logp_a, "logp_a", as_bool=True)
+    return _mean_half_abs_diff(logp_a, logp_b, logp_behav, V.check_mask(mask, logp_a, "logp_a", as_bool=True), dim)
+
+
+def _mean_half_abs_diff(logp_a: Tensor, logp_b: Tensor, logp_behav: Tensor, m: Tensor | None, dim) -> Tensor:
+    """The estimate of :func:`half_abs_ratio_diff` on arguments its caller has checked (each public
+    function checks them under its own names, so an error names the caller's argument)."""
+    if dim is not None:                  # an int or a tuple of ints, each a dimension of the inputs
+        dims = (dim,) if isinstance(dim, numbers.Integral) else \
+            V.instance_of(dim, "dim", (tuple, list), "tuple of ints, an int or None")
+        for i, d in enumerate(dims):
+            V.int_in(d, "dim" if dims is not dim else f"dim[{i}]", -logp_a.dim(), logp_a.dim() - 1)
     with torch.no_grad():
         lb = logp_behav.detach()
         d = 0.5 * _abs_exp_diff(logp_a.detach() - lb, logp_b.detach() - lb)
@@ -508,7 +527,9 @@ def update_shift(logp_new: Tensor, logp_prox: Tensor, logp_behav: Tensor, mask: 
     Returns: a 0-dim tensor (0 if the mask keeps nothing). Finite for log-ratios of +-80.
     Chapter: 12_clipping_staleness (defined in 11_dynamic_mixing).
     """
-    return half_abs_ratio_diff(logp_new, logp_prox, logp_behav, mask, dim)
+    V.matching_floats(min_dim=0, logp_new=logp_new, logp_prox=logp_prox, logp_behav=logp_behav)
+    m = V.check_mask(mask, logp_new, "logp_new", as_bool=True)
+    return _mean_half_abs_diff(logp_new, logp_prox, logp_behav, m, dim)
 
 
 def staleness(logp_prox: Tensor, logp_behav: Tensor, mask: Tensor | None = None, dim=None) -> Tensor:
@@ -529,7 +550,9 @@ def staleness(logp_prox: Tensor, logp_behav: Tensor, mask: Tensor | None = None,
     optional ``mask``; ``dim`` as in :func:`half_abs_ratio_diff`. Returns: 0-dim tensor (0 if the
     mask keeps nothing). Chapter: 12_clipping_staleness.
     """
-    return half_abs_ratio_diff(logp_prox, logp_behav, logp_behav, mask, dim)
+    V.matching_floats(min_dim=0, logp_prox=logp_prox, logp_behav=logp_behav)
+    m = V.check_mask(mask, logp_prox, "logp_prox", as_bool=True)
+    return _mean_half_abs_diff(logp_prox, logp_behav, logp_behav, m, dim)
 
 
 def mean_by_age(values: Tensor, ages: Tensor, mask: Tensor | None = None,
@@ -634,6 +657,19 @@ class Alert:
         return self.message
 
 
+def _metric_value(v, name: str) -> float:
+    """A metric given to :meth:`Monitor.update`: a real number or a one-element tensor, as a float.
+    NaN and inf are kept (a rule counts them as violations)."""
+    if isinstance(v, torch.Tensor) and v.numel() == 1 and not (v.dtype == torch.bool or v.is_complex()):
+        v = v.item()
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        what = f"a tensor of shape {tuple(v.shape)} and dtype {v.dtype}" if isinstance(v, torch.Tensor) else \
+            type(v).__name__
+        raise TypeError(f"Monitor.update: the metric {name} must be a real number (or a one-element tensor), "
+                        f"got {what}")
+    return float(v)
+
+
 class Monitor:
     r"""Watches per-update metrics and fires :class:`Alert` s when a :class:`Threshold` is broken.
 
@@ -657,10 +693,10 @@ class Monitor:
 
     def update(self, step: int, **metrics: float) -> list[Alert]:
         step = V.int_in(step, "step", 0)
+        metrics = {k: _metric_value(v, k) for k, v in metrics.items()}   # checked before anything is recorded
         n = len(self.steps)
         self.steps.append(step)
         for k, v in metrics.items():
-            v = float(v)
             self.history.setdefault(k, [math.nan] * n).append(v)
         for lst in self.history.values():
             if len(lst) < n + 1:
