@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import _validate as V
-from .mdp import POLICY, FiniteMDP, GammaLike
+from .mdp import FiniteMDP, GammaLike, check_policy
 from .solve import expected_advantage, q_value, tv_distance, value, visitation
 
 Tensor = torch.Tensor
@@ -130,8 +130,8 @@ def single_policy_terms(mdp: FiniteMDP, pi_old: Tensor, pi_new: Tensor) -> Singl
     Returns:
         A :class:`SinglePolicyTerms`.
     """
-    V.distribution(pi_old, "pi_old", POLICY, shape=mdp.policy_shape)
-    V.distribution(pi_new, "pi_new", POLICY, shape=mdp.policy_shape)
+    check_policy(mdp, pi_old, "pi_old")
+    check_policy(mdp, pi_new, "pi_new")
     g = mdp.gamma
     V_old, V_new = value(mdp, pi_old), value(mdp, pi_new)
     A_old = q_value(mdp, pi_old, V_old) - V_old[..., None]

@@ -176,6 +176,7 @@ def token_mdp(prompt_probs: Tensor, R: Tensor) -> FiniteHorizonMDP:
 
 
 def _fh_check_policy(mdp: FiniteHorizonMDP, pi: Tensor, name: str) -> Tensor:
+    V.instance_of(mdp, "mdp", FiniteHorizonMDP, "rlkit.tabular.FiniteHorizonMDP")
     return V.distribution(V.same_kind(V.float_tensor(pi, name, min_dim=3), name, mdp.P, "mdp.P"), name,
                           "pi[..., t, s, :] is a distribution over actions", shape=mdp.policy_shape)
 
@@ -239,7 +240,8 @@ def finite_horizon_performance(mdp: FiniteHorizonMDP, pi: Tensor) -> Tensor:
     Returns:
         ``J[*B]``.
     """
-    return (mdp.rho0 * finite_horizon_values(mdp, pi)[0][..., 0, :]).sum(-1)
+    v = finite_horizon_values(mdp, pi)[0][..., 0, :]
+    return (mdp.rho0 * v).sum(-1)
 
 
 @dataclass
@@ -331,9 +333,10 @@ def finite_horizon_terms(mdp: FiniteHorizonMDP, pi_old: Tensor, pi_new: Tensor) 
     Returns:
         A :class:`FiniteHorizonTerms`.
     """
+    pi_old = _fh_check_policy(mdp, pi_old, "pi_old")
+    pi_new = _fh_check_policy(mdp, pi_new, "pi_new")
     H = mdp.horizon
     V_old, Q_old = finite_horizon_values(mdp, pi_old)
-    pi_new = _fh_check_policy(mdp, pi_new, "pi_new")
     A_old = Q_old - V_old[..., :H, :, None]
     mu_old = finite_horizon_state_distributions(mdp, pi_old)
     mu_new = finite_horizon_state_distributions(mdp, pi_new)

@@ -36,6 +36,14 @@ __all__ = [
 POLICY = "pi[..., s, :] is a distribution over actions"
 
 
+def check_policy(mdp: FiniteMDP, pi: Tensor, name: str = "pi", what: str = POLICY) -> Tensor:
+    """``pi`` checked as a policy on ``mdp``: a floating ``[*B, S, A]`` tensor with ``mdp.P``'s dtype and
+    device whose rows are distributions (``what`` says over what); errors name ``name``."""
+    V.instance_of(mdp, "mdp", FiniteMDP, "rlkit.tabular.FiniteMDP")
+    V.distribution(pi, name, what, shape=mdp.policy_shape)
+    return V.same_kind(pi, name, mdp.P, "mdp.P")
+
+
 def as_gamma(gamma: GammaLike, batch_shape: torch.Size, like: Tensor) -> Tensor:
     """``gamma`` (a number or one per batch element) as a ``[*B]`` tensor in ``[0, 1)``."""
     return V.per_batch(gamma, "gamma", batch_shape, like, 0.0, 1.0, hi_open=True)

@@ -19,7 +19,7 @@ import torch
 from .. import _validate as V
 from ..staleness import half_abs_ratio_diff
 from .bounds import LowerBound, single_policy_terms, tight_example
-from .mdp import POLICY, FiniteMDP, GammaLike, generator_device
+from .mdp import FiniteMDP, GammaLike, check_policy, generator_device
 from .solve import expected_advantage, performance, q_value, tv_distance, value, visitation
 
 Tensor = torch.Tensor
@@ -107,6 +107,7 @@ def lift_policy(pi: Tensor, n_versions: int) -> Tensor:
 def _check_mixture(mdp: FiniteMDP, policies: Tensor, alpha: Tensor, kernel: Tensor):
     """Check a mixture of ``M`` policies against ``mdp``; return ``(policies, alpha, kernel, M)`` with a
     shared ``alpha [M]`` / ``kernel [M, M]`` expanded to the batch."""
+    V.instance_of(mdp, "mdp", FiniteMDP, "rlkit.tabular.FiniteMDP")
     B = tuple(mdp.batch_shape)
     sizes = {"...": B, "S": mdp.n_states, "A": mdp.n_actions}
     M = V.layout("... M S A", sizes, floating=True, policies=policies)["M"]
@@ -221,11 +222,12 @@ def static_mixture_terms(mdp: FiniteMDP, policies: Tensor, alpha: Tensor, pi_new
     Returns:
         A :class:`StaticMixtureTerms`.
     """
+    V.instance_of(mdp, "mdp", FiniteMDP, "rlkit.tabular.FiniteMDP")
     sizes = {"...": tuple(mdp.batch_shape), "S": mdp.n_states, "A": mdp.n_actions}
     M = V.layout("... M S A", sizes, floating=True, policies=policies)["M"]
     kernel = trajectory_kernel(M, dtype=mdp.P.dtype, device=mdp.P.device)
     policies, alpha, _, M = _check_mixture(mdp, policies, alpha, kernel)
-    V.distribution(pi_new, "pi_new", POLICY, shape=mdp.policy_shape)
+    check_policy(mdp, pi_new, "pi_new")
     # put the version axis in the batch: an MDP per version
     mdp_m = FiniteMDP(*(t.unsqueeze(len(mdp.batch_shape)).expand(*mdp.batch_shape, M, *t.shape[len(mdp.batch_shape):])
                         for t in (mdp.P, mdp.R, mdp.rho0, mdp.gamma)))
@@ -336,8 +338,8 @@ def mixed_batch_terms(mdp: FiniteMDP, policies: Tensor, alpha: Tensor, kernel: T
     r"""Check ``pi_old`` and ``pi_new``, build the augmented MDP (:func:`~rlkit.tabular.augment`), solve
     :math:`d_\beta` on it and :math:`\pi_k` on ``mdp``, and return the terms both bounds of chapter 11
     share (eq-ch11-uk-sk)."""
-    V.distribution(pi_old, "pi_old", POLICY, shape=mdp.policy_shape)
-    V.distribution(pi_new, "pi_new", POLICY, shape=mdp.policy_shape)
+    check_policy(mdp, pi_old, "pi_old")
+    check_policy(mdp, pi_new, "pi_new")
     aug, beta = augment(mdp, policies, alpha, kernel)
     M = aug.n_states // mdp.n_states
     d_b = visitation(aug, beta)                                   # [*B, S*M]
@@ -639,8 +641,8 @@ def estimate_update_and_staleness(mdp: FiniteMDP, policies: Tensor, alpha: Tenso
     Returns:
         ``(U_hat, S_hat)``, each ``[*B]``.
     """
-    V.distribution(pi_old, "pi_old", POLICY, shape=mdp.policy_shape)
-    V.distribution(pi_new, "pi_new", POLICY, shape=mdp.policy_shape)
+    check_policy(mdp, pi_old, "pi_old")
+    check_policy(mdp, pi_new, "pi_new")
     aug, beta = augment(mdp, policies, alpha, kernel)
     M = aug.n_states // mdp.n_states
     d_b = visitation(aug, beta)

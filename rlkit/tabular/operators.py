@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from .. import _validate as V
-from .mdp import POLICY, FiniteMDP
+from .mdp import POLICY, FiniteMDP, check_policy
 from .solve import eye_like
 
 Tensor = torch.Tensor
@@ -43,9 +43,8 @@ def _clip_level(x, name: str) -> float:
 
 
 def _pair(mdp: FiniteMDP, pi: Tensor, mu: Tensor) -> tuple[Tensor, Tensor]:
-    pi = V.distribution(V.same_kind(pi, "pi", mdp.P, "mdp.P"), "pi", POLICY, shape=mdp.policy_shape)
-    mu = V.distribution(V.same_kind(mu, "mu", mdp.P, "mdp.P"), "mu", "mu[..., s, :] is the behaviour "
-                        "policy's distribution over actions", shape=mdp.policy_shape)
+    pi = check_policy(mdp, pi, "pi")
+    mu = check_policy(mdp, mu, "mu", "mu[..., s, :] is the behaviour policy's distribution over actions")
     return pi, mu
 
 
@@ -234,6 +233,7 @@ def q_trace_affine(mdp: FiniteMDP, pi: Tensor, mu: Tensor, traces: Tensor) -> tu
     Chapter: 16_offpolicy_multistep, eq-ch16-retrace-operator.
     """
     pi, mu = _pair(mdp, pi, mu)
+    traces = V.float_tensor(traces, "traces", min_dim=0)
     traces = V.exact_shape(V.same_kind(traces, "traces", mdp.P, "mdp.P"), "traces", mdp.policy_shape, "[*B, S, A]")
     V.tensor_in(traces, "traces", 0.0)
     g = mdp.gamma[..., None, None]

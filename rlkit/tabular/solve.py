@@ -16,7 +16,7 @@ import torch
 
 from .. import _validate
 from .. import _validate as V  # q_value's argument V shadows the alias there: it uses _validate
-from .mdp import POLICY, FiniteMDP, GammaLike, as_gamma
+from .mdp import FiniteMDP, GammaLike, as_gamma, check_policy
 
 Tensor = torch.Tensor
 
@@ -49,7 +49,7 @@ def policy_transition(mdp: FiniteMDP, pi: Tensor) -> Tensor:
     Returns:
         ``[*B, S, S]``, rows are distributions.
     """
-    pi = V.distribution(pi, "pi", POLICY, shape=mdp.policy_shape)
+    pi = check_policy(mdp, pi)
     return torch.einsum("...sa,...sat->...st", pi, mdp.P)
 
 
@@ -64,7 +64,7 @@ def policy_reward(mdp: FiniteMDP, pi: Tensor) -> Tensor:
     Returns:
         ``[*B, S]``.
     """
-    pi = V.distribution(pi, "pi", POLICY, shape=mdp.policy_shape)
+    pi = check_policy(mdp, pi)
     return (pi * mdp.R).sum(-1)
 
 
@@ -112,7 +112,9 @@ def q_value(mdp: FiniteMDP, pi: Tensor, V: Tensor | None = None) -> Tensor:
     if V is None:
         V = value(mdp, pi)
     else:
+        check_policy(mdp, pi)
         _validate.exact_shape(_validate.float_tensor(V, "V"), "V", (*mdp.batch_shape, mdp.n_states), "[*B, S]")
+        _validate.same_kind(V, "V", mdp.P, "mdp.P")
     return mdp.R + mdp.gamma[..., None, None] * torch.einsum("...sat,...t->...sa", mdp.P, V)
 
 
@@ -145,7 +147,8 @@ def performance(mdp: FiniteMDP, pi: Tensor) -> Tensor:
     Returns:
         ``J[*B]``.
     """
-    return (mdp.rho0 * value(mdp, pi)).sum(-1)
+    v = value(mdp, pi)
+    return (mdp.rho0 * v).sum(-1)
 
 
 def visitation(mdp: FiniteMDP, pi: Tensor) -> Tensor:
@@ -262,4 +265,6 @@ def performance_difference(mdp: FiniteMDP, pi_old: Tensor, pi_new: Tensor) -> Te
     Returns:
         ``[*B]``, equal to ``performance(mdp, pi_new) - performance(mdp, pi_old)``.
     """
+    check_policy(mdp, pi_old, "pi_old")
+    check_policy(mdp, pi_new, "pi_new")
     return surrogate(visitation(mdp, pi_new), pi_new, advantage(mdp, pi_old), mdp.gamma)
