@@ -52,6 +52,8 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
 
+from . import _validate as V
+
 __all__ = ["make_vec_env", "Batch", "RolloutCollector", "EpisodeLog", "sample_episodes"]
 
 
@@ -66,15 +68,48 @@ def make_vec_env(env: str | Callable[[], gym.Env], num_envs: int = 8, **make_kwa
     if not (isinstance(num_envs, int) and num_envs >= 1):
         raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")
     if isinstance(env, str):
-        fns = [lambda: gym.make(env, **make_kwargs) for _ in range(num_envs)]
+        def make():
+            try:
+                return gym.make(env, **make_kwargs)
+            except gym.error.Error as e:          # NameNotFound, VersionNotFound, ...: not a known id
+                raise ValueError(f"env={env!r} is not a registered gymnasium id ({type(e).__name__}: {e}); "
+                                 f"pass an id such as 'CartPole-v1' or a constructor") from e
     elif callable(env):
         if make_kwargs:
             raise ValueError("make_kwargs are only used when env is an id string")
-        fns = [env] * num_envs
+
+        def make():
+            out = env()
+            if not isinstance(out, gym.Env):
+                raise TypeError(f"env must be a gymnasium id (str) or a callable returning a gymnasium.Env; "
+                                f"the callable returned an object of type {type(out).__name__}")
+            return out
     else:
         raise TypeError(f"env must be a gymnasium id (str) or a callable returning a gymnasium.Env, "
                         f"got {type(env).__name__}")
-    return gym.vector.SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)
+    return gym.vector.SyncVectorEnv([make] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP)
+
+
+DEVICE_TYPES = ("cpu", "cuda", "mps")
+
+
+def check_device(device, name: str = "device") -> torch.device:
+    """``device`` (a ``torch.device``, a string such as ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"``, or a CUDA
+    index) as a ``torch.device``, refused with a ``ValueError`` naming ``name`` if torch does not know it or the
+    machine does not have it (``"cuda"`` without CUDA). The trainers of :mod:`rlkit.algos` check theirs with it."""
+    if isinstance(device, bool) or not isinstance(device, (str, torch.device, int)):
+        raise TypeError(f"{name} must be a torch.device, a string such as 'cpu', 'cuda', 'cuda:0' or 'mps', or "
+                        f"a CUDA device index, got {type(device).__name__}")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"{name}={device!r} is not a device torch knows; use one of {list(DEVICE_TYPES)} "
+                         f"(optionally with an index, e.g. 'cuda:0')") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{name}={device!r} but torch.cuda.is_available() is False; use 'cpu'")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"{name}={device!r} but the MPS backend is not available; use 'cpu'")
+    return dev
 
 
 @dataclass
@@ -140,11 +175,14 @@ class RolloutCollector:
     def __init__(self, envs: gym.vector.VectorEnv, seed: int | None = None, device: str | torch.device = "cpu"):
         if not isinstance(envs, gym.vector.VectorEnv):
             raise TypeError(f"envs must be a gymnasium.vector.VectorEnv, got {type(envs).__name__}")
+        if seed is not None:
+            V.int_in(seed, "seed", 0)
+        device = check_device(device)
         mode = envs.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
         if mode != AutoresetMode.SAME_STEP:
             raise ValueError(f"envs must use autoreset_mode=AutoresetMode.SAME_STEP (got {mode}); "
                              "build them with rlkit.rollout.make_vec_env")
-        self.envs, self.device = envs, torch.device(device)
+        self.envs, self.device = envs, device
         self.num_envs = envs.num_envs
         obs, _ = envs.reset(seed=seed)
         self.obs = self._t(obs)
@@ -156,9 +194,29 @@ class RolloutCollector:
     def _t(self, x) -> torch.Tensor:
         return torch.as_tensor(np.asarray(x), dtype=torch.float32, device=self.device)
 
+    def _act(self, act_fn: Callable) -> tuple[torch.Tensor, torch.Tensor]:
+        """``act_fn(self.obs)``'s actions ``[N]`` and log-probs ``[N]``, checked (the errors name ``act_fn``)."""
+        out = act_fn(self.obs)
+        N = self.num_envs
+        if not isinstance(out, (tuple, list)) or len(out) < 2:
+            got = f"a {type(out).__name__} of length {len(out)}" if isinstance(out, (tuple, list)) else \
+                f"an object of type {type(out).__name__}"
+            raise TypeError(f"act_fn must return a tuple (actions [{N}], logp [{N}], ...), got {got}")
+        actions, logp = out[0], out[1]
+        V.instance_of(actions, "the actions act_fn returned", torch.Tensor, "torch.Tensor")
+        if actions.dim() < 1 or actions.shape[0] != N:
+            got = f"shape {tuple(actions.shape)}"
+            raise ValueError(f"act_fn must return actions as a tensor with one row per env ([{N}, ...]), got {got}")
+        V.float_tensor(logp, "the log-probs act_fn returned", min_dim=0)
+        V.exact_shape(logp, "the log-probs act_fn returned", (N,), "[num_envs]")
+        return actions, logp
+
     def _step(self, actions: torch.Tensor):
         """One vector step. Returns (obs_after, true_next_obs, reward, terminated, truncated) as numpy."""
         a = actions.detach().cpu().numpy()
+        if not self.envs.action_space.contains(a):
+            raise ValueError(f"act_fn returned actions that are not in the action space {self.envs.action_space} "
+                             f"(dtype {a.dtype}, values {a.tolist()})")
         obs, reward, term, trunc, infos = self.envs.step(a)
         next_obs = np.array(obs, dtype=np.float32, copy=True)
         done = np.logical_or(term, trunc)
@@ -194,12 +252,12 @@ class RolloutCollector:
         """
         if not (isinstance(num_steps, int) and num_steps >= 1):
             raise ValueError(f"num_steps must be a positive int, got {num_steps!r}")
+        self._check_fns(act_fn, value_fn)
         N, T = self.num_envs, num_steps
         steps = []
         with torch.no_grad():
             for _ in range(T):
-                out = act_fn(self.obs)
-                actions, logp = out[0], out[1]
+                actions, logp = self._act(act_fn)
                 obs, next_obs, reward, term, trunc = self._step(actions)
                 self._log(reward, term | trunc)
                 steps.append((self.obs, actions, logp, next_obs, reward, term, trunc))
@@ -225,7 +283,16 @@ class RolloutCollector:
             with torch.no_grad():
                 batch.values = value_fn(batch.obs)
                 batch.next_values = value_fn(batch.next_obs)
+            for what, x in (("values", batch.values), ("next values", batch.next_values)):
+                name = f"the {what} value_fn returned"
+                V.exact_shape(V.float_tensor(x, name, min_dim=0), name, tuple(mask.shape), "[num_envs, T]")
         return batch
+
+    @staticmethod
+    def _check_fns(act_fn, value_fn) -> None:
+        V.is_callable(act_fn, "act_fn")
+        if value_fn is not None:
+            V.is_callable(value_fn, "value_fn")
 
     def collect_episodes(self, act_fn: Callable, max_steps: int = 100_000,
                          value_fn: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Batch:
@@ -238,6 +305,8 @@ class RolloutCollector:
         ``discounts = gamma * (1 - terminated)`` and zero bootstrap are exact Monte Carlo returns
         (a time-limit truncation is treated as the end of the sample, the usual REINFORCE choice).
         """
+        V.int_in(max_steps, "max_steps")
+        self._check_fns(act_fn, value_fn)
         N = self.num_envs
         obs, _ = self.envs.reset()
         self.obs = self._t(obs)
@@ -249,8 +318,7 @@ class RolloutCollector:
             while live.any():
                 if len(steps) >= max_steps:
                     raise RuntimeError(f"an episode did not end within max_steps={max_steps}")
-                out = act_fn(self.obs)
-                actions, logp = out[0], out[1]
+                actions, logp = self._act(act_fn)
                 obs, next_obs, reward, term, trunc = self._step(actions)
                 self._log(reward, term | trunc, live)
                 steps.append((self.obs, actions, logp, next_obs, reward * live, term & live, trunc & live))
@@ -286,8 +354,6 @@ def sample_episodes(policy: Callable[[torch.Tensor], torch.Tensor], n_episodes: 
         ``n = n_episodes`` and ``L`` the longest episode; padding is 0 / False. Unlike
         :meth:`RolloutCollector.collect_episodes` there is no ``logp`` and no ``next_obs``.
     """
-    from . import _validate as V
-
     V.int_in(n_episodes, "n_episodes")
     V.int_in(num_envs, "num_envs")
     V.int_in(seed, "seed", 0)

@@ -12,7 +12,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..nets import ActorCritic, n_actions_of, obs_dim_of
-from ..rollout import RolloutCollector, make_vec_env
+from ..rollout import RolloutCollector, check_device, make_vec_env
 from ..utils import clip_grad, seed_everything
 from .history import History
 
@@ -29,8 +29,8 @@ def config_of(cfg, cls):
 
 def setup(env, cfg, device, threads: int | None = 1):
     """Seed everything, build the SAME_STEP vector env, the collector and an ActorCritic of ``cfg``."""
+    dev = torch.device("cpu") if device is None else check_device(device)
     seed_everything(cfg.seed, threads=threads)
-    dev = torch.device("cpu") if device is None else torch.device(device)
     envs = make_vec_env(env, cfg.num_envs)
     envs.action_space.seed(cfg.seed)
     model = ActorCritic(obs_dim_of(envs.single_observation_space), n_actions_of(envs.single_action_space),

@@ -83,7 +83,8 @@ def train_ppo(env: str | Callable = "CartPole-v1", cfg: PPOConfig | None = None,
         env: a gymnasium id (Box observations, Discrete actions) or a constructor.
         cfg: a :class:`rlkit.algos.PPOConfig` (default: ``PPOConfig()``, the tuned CartPole settings).
         lr_controller: ``f(kl, lr) -> lr`` called after each iteration with the exact mean
-            KL(pi_old || pi_new); see :class:`rlkit.controllers.KLLearningRateController`. It has state
+            KL(pi_old || pi_new); see :class:`rlkit.controllers.KLLearningRateController`. A returned
+            learning rate that is not a finite number > 0 is refused (``ValueError``). It has state
             (its own history), so it is an argument, not a config field; with it, ``cfg.anneal_lr``
             must not be True (both would set the learning rate).
         callback, progress, device, threads: as in :func:`rlkit.algos.train_reinforce`.
@@ -144,12 +145,22 @@ def train_ppo(env: str | Callable = "CartPole-v1", cfg: PPOConfig | None = None,
             stats["kl_coef"] = beta
             kl_ctl.update(kl_exact)
         if lr_controller is not None:
-            opt.param_groups[0]["lr"] = float(lr_controller(kl_exact, opt.param_groups[0]["lr"]))
+            opt.param_groups[0]["lr"] = _controlled_lr(lr_controller(kl_exact, opt.param_groups[0]["lr"]))
         if run.update(collector, **stats):
             break
 
     model.eval()
     return model, run.close(envs)
+
+
+def _controlled_lr(lr) -> float:
+    """The learning rate an ``lr_controller`` returned, refused unless a finite number > 0 (Adam with a
+    negative rate ascends the loss; NaN turns every weight into NaN)."""
+    try:
+        return V.real_in(lr, "lr", 0.0, lo_open=True)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"lr_controller returned {lr!r}, but the next learning rate must be a finite number > 0 "
+                      f"(a negative one makes Adam ascend the loss, NaN makes every weight NaN)") from None
 
 
 def ppo_update(model, opt: torch.optim.Optimizer, obs: torch.Tensor, actions: torch.Tensor,

@@ -54,7 +54,9 @@ def train_reinforce(env: str | Callable = "CartPole-v1", cfg: ReinforceConfig | 
             ``num_envs`` is the number of episodes per update.
         callback: ``callback(history) -> bool``, called after every update; True stops training.
         progress: show a tqdm progress bar.
-        device: torch device of the networks (default CPU, the fastest for these tiny MLPs).
+        device: torch device of the networks (default CPU, the fastest for these tiny MLPs): a
+            ``torch.device`` or a string such as ``"cpu"``, ``"cuda"``, ``"cuda:0"``, ``"mps"``; an unknown
+            or unavailable one is refused (``ValueError``).
         threads: torch CPU threads (1 by default, see rlkit.utils.seed_everything).
 
     Returns:
