@@ -53,7 +53,7 @@ from ..returns import discounted_returns
 from .evaluation import device_of
 from .sampling import call_model, sample
 from .tasks import ADDITION, Problem, Task, forgot_carry_answer
-from .tokenizer import CharTokenizer
+from .tokenizer import DEFAULT_CHARS, CharTokenizer
 from .trainer import Run
 
 __all__ = ["RetryTask", "RETRY_ADDITION", "MultiTurnRollout", "rollout_turns", "episode_layout",
@@ -71,18 +71,27 @@ class RetryTask:
         base: the single-turn :class:`~rlkit.llm.Task` (its generator, checker, response budget).
         max_turns: :math:`U`, an int >= 1 (``max_turns=1`` is the single-turn task).
         feedback: the checker's reply after a wrong answer, a non-empty string in the
-            tokenizer's vocabulary (no newline).
+            tokenizer's vocabulary ``chars`` (no newline); checked when the task is built.
+        chars: the characters of the tokenizer the task will be played with (default
+            :data:`~rlkit.llm.tokenizer.DEFAULT_CHARS`, the shipped tokenizer's; give ``tok.chars``
+            for another :class:`~rlkit.llm.CharTokenizer`).
 
     The longest conversation has ``len(prompt) + K * base.max_new_tokens + (K - 1) * len(feedback)``
     tokens (:meth:`max_length`), which must fit the model's block. Chapter: 15_turns_as_steps.
     """
 
-    def __init__(self, base: Task = ADDITION, max_turns: int = 3, feedback: str = "x", name: str | None = None):
+    def __init__(self, base: Task = ADDITION, max_turns: int = 3, feedback: str = "x", name: str | None = None,
+                 *, chars: str = DEFAULT_CHARS):
         self.base = V.instance_of(base, "base", Task)
         self.max_turns = V.int_in(max_turns, "max_turns")
         self.feedback = V.nonempty_str(feedback, "feedback")
         if "\n" in feedback:
             raise ValueError(f"feedback must not contain a newline (it is how <eos> is written), got {feedback!r}")
+        V.nonempty_str(chars, "chars")
+        unknown = sorted(set(feedback) - set(chars))
+        if unknown:
+            raise ValueError(f"feedback {feedback!r} has characters {unknown} that are not in the tokenizer's "
+                             f"vocabulary chars={chars!r}; the model could not read them")
         self.name = V.nonempty_str(name or f"retry_{base.name}_{max_turns}", "name")
 
     def __repr__(self) -> str:
@@ -93,8 +102,12 @@ class RetryTask:
         return self.base.problems(n, seed, split)
 
     def check(self, response: str, problem: Problem) -> float:
-        """The reward of one turn: the base task's true checker."""
-        return float(self.base.check(response, problem))
+        """The reward of one turn: the base task's true checker (a finite number, else ``ValueError``)."""
+        r = float(self.base.check(response, problem))
+        if not math.isfinite(r):
+            raise ValueError(f"task {self.base.name!r}'s checker returned the reward {r} for the response "
+                             f"{response!r} to {problem.prompt!r}; rewards must be finite")
+        return r
 
     def max_length(self, prompt_len: int) -> int:
         """Tokens in the longest conversation for a prompt of ``prompt_len`` tokens."""

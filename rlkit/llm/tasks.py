@@ -31,6 +31,7 @@ that contains the answer. Optimising either proxy teaches the model to game it.
 """
 from __future__ import annotations
 
+import math
 import random
 import zlib
 from collections.abc import Callable, Sequence
@@ -195,13 +196,36 @@ class Task:
     def score(self, responses: Sequence[str], problems: Sequence[Problem],
               checker: str | Checker = "exact") -> torch.Tensor:
         """Rewards ``[n]`` (float32) of ``responses`` to ``problems`` under a named or given checker
-        (``[0]`` for empty lists)."""
+        (``[0]`` for empty lists).
+
+        A checker must return a finite real number: anything else (NaN, inf, None, a string) raises an
+        error naming the checker, the response and the prompt, so that a broken checker stops a
+        training run before its reward reaches an update (NaN rewards turn every weight into NaN)."""
         V.str_list(responses, "responses")
+        V.instance_of(problems, "problems", Sequence, "sequence of Problem")
         for i, p in enumerate(problems):
             V.instance_of(p, f"problems[{i}]", Problem)
         V.same_length(responses, "responses", problems, "problems")
-        fn = checker if callable(checker) else self.checkers[V.choice(checker, "checker", list(self.checkers))]
-        return torch.tensor([float(fn(r, p)) for r, p in zip(responses, problems)], dtype=torch.float32)
+        if callable(checker):
+            fn, what = checker, f"the checker {getattr(checker, '__name__', type(checker).__name__)}"
+        else:
+            fn = self.checkers[V.choice(checker, "checker", list(self.checkers))]
+            what = f"task {self.name!r}'s checker {checker!r}"
+        out = []
+        for r, p in zip(responses, problems):
+            got = fn(r, p)
+            try:                          # a number, a bool, a numpy scalar or a one-element tensor
+                if isinstance(got, (str, bytes)) or got is None:
+                    raise TypeError
+                x = float(got)
+            except (TypeError, ValueError):
+                raise TypeError(f"{what} must return a real number, but for the response {r!r} to {p.prompt!r} "
+                                f"it returned {got!r} ({type(got).__name__})") from None
+            if not math.isfinite(x):
+                raise ValueError(f"{what} returned the reward {x} for the response {r!r} to {p.prompt!r}; "
+                                 f"rewards must be finite")
+            out.append(x)
+        return torch.tensor(out, dtype=torch.float32)
 
 
 # ------------------------------------------------------------------------------------ addition
