@@ -222,6 +222,10 @@ def collect(model, tok: CharTokenizer, task: Task, cfg: RLConfig, rng: random.Ra
     Responses are padded to the task's full budget ``task.max_new_tokens``. ``logits_processor``
     is passed to :func:`~rlkit.llm.sample` (a decode-time shield, chapter 18).
     """
+    V.instance_of(tok, "tok", CharTokenizer)
+    V.instance_of(task, "task", Task, "rlkit.llm.tasks.Task")
+    V.instance_of(cfg, "cfg", RLConfig)
+    V.instance_of(rng, "rng", random.Random, "random.Random")
     G = cfg.group_size
     n_prompts = cfg.prompts_per_step if prompts is None else V.int_in(prompts, "prompts")
     kept_problems, kept_rollouts, kept_rewards, kept_correct, kept_resp = [], [], [], [], []
@@ -268,15 +272,17 @@ def sequence_advantages(rewards: torch.Tensor, algo: str, group_size: int) -> to
     grpo/dapo/gspo: :func:`rlkit.objectives.grpo_advantages` with ``scale="std"``;
     dr_grpo: the same with ``scale="none"``. Chapter: 07_tiny_llm.
     """
+    V.choice(algo, "algo", ("reinforce", "rloo", "grpo", "dapo", "gspo", "dr_grpo"))
+    V.float_tensor(rewards, "rewards", min_dim=1)
+    V.layout("N", rewards=rewards)
+    V.int_in(group_size, "group_size")
     if algo == "reinforce":
         return rewards - rewards.mean()
     if algo == "rloo":
         return rloo_advantages(rewards, group_size)
     if algo in ("grpo", "dapo", "gspo"):
         return grpo_advantages(rewards, group_size, scale="std")
-    if algo == "dr_grpo":
-        return grpo_advantages(rewards, group_size, scale="none")
-    raise ValueError(f"sequence_advantages: no sequence-level advantage for algo {algo!r}")
+    return grpo_advantages(rewards, group_size, scale="none")          # dr_grpo
 
 
 def policy_loss(cfg: RLConfig, logp: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor,
@@ -305,6 +311,9 @@ def policy_loss(cfg: RLConfig, logp: torch.Tensor, logp_old: torch.Tensor, adv: 
         raise TypeError(f"cfg must be an RLConfig, got {type(cfg).__name__}")
     if cfg.aggregation is None or cfg.clip_eps is None:
         raise ValueError("cfg must be resolved (cfg.resolved()): its aggregation and clip_eps are still None")
+    V.layout("B T", floating=True, logp=logp)
+    V.matching_floats(min_dim=2, logp=logp, logp_old=logp_old, adv=adv)
+    V.check_mask(V.given(mask, "mask", "it marks the real response tokens"), logp, "logp")
     if cfg.algo in ("reinforce", "rloo"):
         return policy_gradient_loss(logp, adv, mask, cfg.aggregation), 0.0
     if cfg.algo == "gspo":

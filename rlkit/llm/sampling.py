@@ -218,6 +218,10 @@ def apply_logits_processor(logits_processor, context_ids: torch.Tensor, context_
         a row that is :math:`-\infty` everywhere (no token left to sample) raises ``ValueError``.
         Chapter: 18_safety_constraints.
     """
+    V.has_categories(logits, "logits")
+    V.index_tensor(context_ids, "context_ids", dim=2)
+    V.bool_tensor(context_mask, "context_mask", context_ids, "context_ids")
+    V.same_length(logits, "logits", context_ids, "context_ids")
     if logits_processor is None:
         return logits
     out = logits_processor(context_ids, context_mask, logits)
@@ -363,7 +367,9 @@ def token_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | 
         with_entropy: also return the entropies.
         logits_processor: applied at every response position ``t`` to the logits, with context
             ``prompt + response[:t]``, exactly as :func:`sample` applies it (one call per
-            position); masked positions are scored with zero logits. None: no processor.
+            position); masked positions are scored with zero logits. None: no processor. When the
+            model's logits carry a gradient, the processed ones must too: a processor that detaches
+            them is refused (``ValueError``) instead of leaving the log-probs untrainable.
 
     Returns:
         ``logprobs [B, T]``, or ``(logprobs, entropy)`` both ``[B, T]``. Chapter: 07_tiny_llm.
@@ -371,7 +377,8 @@ def token_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | 
     prompt_ids, prompt_mask = V.prompt_batch(prompt_ids, prompt_mask, _vocab_size(model))
     V.index_tensor(response_ids, "response_ids", dim=2, n=_vocab_size(model))
     V.same_length(response_ids, "response_ids", prompt_ids, "prompt_ids")
-    real = V.check_mask(mask, response_ids, "response_ids", as_bool=True)
+    real = V.check_mask(V.given(mask, "mask", "it marks the real response tokens"), response_ids, "response_ids",
+                        as_bool=True)
     V.instance_of(with_entropy, "with_entropy", bool)
     _check_processor(logits_processor)
     P, T = prompt_ids.shape[1], response_ids.shape[1]
@@ -379,8 +386,15 @@ def token_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | 
     att = torch.cat([prompt_mask, torch.ones_like(response_ids, dtype=torch.bool)], dim=1)
     logits = call_model(model, ids, att)[:, P - 1:P - 1 + T].masked_fill(~real[..., None], 0.0)
     if logits_processor is not None and T > 0:
-        cols = [apply_logits_processor(logits_processor, ids[:, :P + t], att[:, :P + t], logits[:, t])
-                for t in range(T)]
+        cols = []
+        for t in range(T):
+            col = apply_logits_processor(logits_processor, ids[:, :P + t], att[:, :P + t], logits[:, t])
+            if logits.requires_grad and not col.requires_grad:
+                raise ValueError(f"logits_processor returned logits without a gradient (detached, or built anew) "
+                                 f"at response position {t}, so the log-probs could not be trained through it; "
+                                 f"edit the logits it is given with differentiable operations (masked_fill, "
+                                 f"addition), not under torch.no_grad() or .detach()")
+            cols.append(col)
         logits = torch.stack(cols, 1).masked_fill(~real[..., None], 0.0)
     logq = sampling_logprobs(logits, temperature, top_k, top_p)
     zero = torch.zeros((), device=logq.device, dtype=logq.dtype)
