@@ -241,7 +241,7 @@ def test_run_plan_matches_direct_calls_and_handles_failures(lm):
         run_plan(model, tok, problems, smallest_first_planner, verifier=exact_verifier, attempts=2, record=True)
     with pytest.raises(ValueError, match="same number of sub-goals"):
         run_plan(model, tok, [problems[0], Problem("10+20+30+15=", "75")], smallest_first_planner)
-    with pytest.raises(KeyError, match="no option named"):
+    with pytest.raises(ValueError, match=r"option .mul., which is not in the library; it has \[.add.\]"):
         run_plan(model, tok, problems[:1], lambda p: [SubGoal("mul", (2, 3))])
 
 

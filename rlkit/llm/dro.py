@@ -78,7 +78,8 @@ def group_mixture(groups: dict, mix: dict, name: str = "addition-mix", max_new_t
     r"""A task that draws group :math:`g` with probability ``mix[g]``, then a prompt of :math:`g`.
 
     Args:
-        groups: ``{name: generator(rng) -> Problem}`` (e.g. :data:`ADDITION_GROUPS`).
+        groups: ``{name: generator(rng) -> Problem}`` (e.g. :data:`ADDITION_GROUPS`); a generator may
+            also return ``(prompt, answer)``, as for :class:`~rlkit.llm.Task`, and anything else is refused.
         mix: ``{name: probability}`` over the same names, summing to 1 (zeros allowed: a group the
             training mix never shows).
         name, max_new_tokens: as in :class:`~rlkit.llm.Task`.
@@ -99,6 +100,9 @@ def group_mixture(groups: dict, mix: dict, name: str = "addition-mix", max_new_t
     def generate(rng):
         g = rng.choices(names, weights=probs)[0]
         p = groups[g](rng)
+        if isinstance(p, tuple) and len(p) == 2:
+            p = Problem(*p)
+        V.instance_of(p, f"the value groups[{g!r}] returned", Problem, "Problem or (prompt, answer)")
         p.info["group"] = g
         return p
 

@@ -47,6 +47,7 @@ import copy
 import math
 import random
 import re
+import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -116,6 +117,30 @@ def parse_int(response: str) -> int | None:
 
 # --------------------------------------------------------------------------------- options, skills
 
+def _check_template(template: str, arity: int) -> None:
+    """Refuse a prompt template that does not use exactly the arguments ``{0}`` .. ``{arity - 1}``."""
+    try:
+        parts = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+    except ValueError as e:
+        raise ValueError(f"Option.template {template!r} is not a valid format string: {e}") from None
+    heads = [f.split(".")[0].split("[")[0] for f in parts]
+    if all(h == "" for h in heads):
+        used = set(range(len(heads)))                  # "{}" fields are numbered in order
+    elif all(h.isdigit() for h in heads):
+        used = {int(h) for h in heads}
+    else:
+        raise ValueError(f"Option.template {template!r} must refer to its arguments by position, {{0}}, {{1}}, "
+                         f"... (or all as {{}}), got the fields {parts}")
+    if used != set(range(arity)):
+        raise ValueError(f"Option.template {template!r} uses the arguments {sorted(used)} but arity={arity}: it must "
+                         f"use each of {list(range(arity))} (an option's prompt shows every argument)")
+    try:
+        template.format(*range(arity))
+    except (ValueError, IndexError, KeyError, AttributeError, TypeError) as e:
+        raise ValueError(f"Option.template {template!r} cannot format {arity} integer arguments: "
+                         f"{type(e).__name__}: {e}") from None
+
+
 @dataclass(frozen=True)
 class Option:
     r"""An option :math:`(\mathcal I, \pi, \beta)` whose policy is the language model reading a prompt.
@@ -150,6 +175,7 @@ class Option:
         V.int_in(self.hi, "hi", self.lo)
         V.is_callable(self.target, "target")
         V.int_in(self.max_new_tokens, "max_new_tokens")
+        _check_template(self.template, self.arity)
 
     def can_start(self, args: Sequence) -> bool:
         r"""Whether ``args`` lie in the initiation set :math:`\mathcal I` (``arity`` ints in ``lo..hi``)."""
@@ -224,8 +250,11 @@ class SubGoal:
         out = []
         for a in self.args:
             if isinstance(a, str):
+                if not (a.startswith("s") and a[1:].isdigit()):
+                    raise ValueError(f"sub-goal argument {a!r} must be an int or a reference 's<j>' to the result "
+                                     f"of sub-goal j")
                 j = int(a[1:])
-                if not a.startswith("s") or j >= len(results):
+                if j >= len(results):
                     raise ValueError(f"sub-goal argument {a!r} refers to a result not computed yet "
                                      f"({len(results)} sub-goals done)")
                 out.append(results[j])
@@ -408,7 +437,9 @@ def _make_plans(problems, planner, library) -> tuple[list, int]:
         V.instance_of(pl, f"the plan of problems[{i}]", list, "list of SubGoal")
         for sg in pl:
             V.instance_of(sg, f"a sub-goal of the plan of problems[{i}]", SubGoal)
-            library[sg.option]
+            if sg.option not in library:
+                raise ValueError(f"planner: the plan of problems[{i}] calls the option {sg.option!r}, which is not "
+                                 f"in the library; it has {sorted(library)}")
     J = len(plans[0]) if plans else 0
     if any(len(pl) != J for pl in plans):
         raise ValueError(f"every plan of a batch must have the same number of sub-goals; got lengths "
