@@ -328,6 +328,18 @@ class RolloutCollector:
         return self._batch(steps, torch.as_tensor(np.stack(mask_l, 1), device=self.device), value_fn)
 
 
+def _policy_probs(policy, obs: torch.Tensor, env) -> torch.Tensor:
+    """``softmax(policy(obs))``, checked: floating logits ``[num_envs, n_actions]`` that give finite probabilities."""
+    logits = V.float_tensor(policy(obs), "the logits policy returned", min_dim=0)
+    n = getattr(env.single_action_space, "n", None)
+    V.exact_shape(logits, "the logits policy returned", (obs.shape[0], logits.shape[-1] if n is None else int(n)),
+                  "[num_envs, n_actions]")
+    probs = torch.softmax(logits, -1)
+    if not bool(torch.isfinite(probs).all()):
+        raise ValueError("policy returned logits with NaN or +inf, or a row that is -inf everywhere")
+    return probs
+
+
 def sample_episodes(policy: Callable[[torch.Tensor], torch.Tensor], n_episodes: int, seed: int,
                     num_envs: int = 256, make_env: Callable[[int], gym.vector.VectorEnv] | None = None) -> dict:
     """``n_episodes`` complete episodes of ``policy``, padded to the longest: a dict of tensors.
@@ -366,6 +378,7 @@ def sample_episodes(policy: Callable[[torch.Tensor], torch.Tensor], n_episodes: 
         raise TypeError(f"make_env must be callable num_envs -> VectorEnv, got {type(make_env).__name__}")
     k = -(-n_episodes // num_envs)                 # take the first k episodes of every copy
     env = make_env(num_envs)
+    V.instance_of(env, "the value make_env returned", gym.vector.VectorEnv, "gymnasium.vector.VectorEnv")
     mode = env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
     if mode != AutoresetMode.NEXT_STEP:
         env.close()
@@ -379,7 +392,7 @@ def sample_episodes(policy: Callable[[torch.Tensor], torch.Tensor], n_episodes: 
     with torch.no_grad():
         while finished.min() < k:
             o = torch.as_tensor(obs)
-            a = torch.multinomial(torch.softmax(policy(o), -1), 1, generator=gen).squeeze(-1)
+            a = torch.multinomial(_policy_probs(policy, o, env), 1, generator=gen).squeeze(-1)
             obs, r, term, trunc, _ = env.step(a.numpy())
             for store, x in zip((O, A, R, TE, TR, VALID), (o, a, r, term, trunc, valid)):
                 store.append(x)
