@@ -63,7 +63,9 @@ def make_vec_env(env: str | Callable[[], gym.Env], num_envs: int = 8, **make_kwa
     ``env`` is a registered id such as ``"CartPole-v1"`` (``make_kwargs`` go to ``gymnasium.make``)
     or a zero-argument constructor returning a ``gymnasium.Env``.  Synchronous (in-process)
     stepping: for the tiny environments of the book a subprocess per env costs more than it saves.
-    Seed it through the first ``reset(seed=...)`` (``RolloutCollector`` does that).
+    Seed it through the first ``reset(seed=...)`` (``RolloutCollector`` does that). An id gymnasium does
+    not know raises ``ValueError``; a constructor that returns something other than a ``gymnasium.Env``
+    raises ``TypeError`` (both naming ``env``).
     """
     if not (isinstance(num_envs, int) and num_envs >= 1):
         raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")
@@ -246,9 +248,11 @@ class RolloutCollector:
         """Run ``num_steps`` vector steps, continuing from where the previous call stopped.
 
         ``act_fn(obs [N, obs_dim]) -> (actions [N], logp [N])`` (extra returned items are ignored);
-        it is called under ``torch.no_grad()``.  If ``value_fn(obs [..., obs_dim]) -> [...]`` is
-        given, ``values = V(obs)`` and ``next_values = V(next_obs)`` are filled in two batched calls
-        after the loop (``next_obs`` holds the final observation at episode ends).
+        it is called under ``torch.no_grad()``, and what it returns is checked (a tuple, actions with one
+        row per env inside the action space, floating ``logp [N]``; otherwise an error naming ``act_fn``).
+        If ``value_fn(obs [..., obs_dim]) -> [...]`` is given, ``values = V(obs)`` and
+        ``next_values = V(next_obs)`` are filled in two batched calls after the loop (``next_obs`` holds
+        the final observation at episode ends); each must be a floating ``[N, T]`` tensor.
         """
         if not (isinstance(num_steps, int) and num_steps >= 1):
             raise ValueError(f"num_steps must be a positive int, got {num_steps!r}")

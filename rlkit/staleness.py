@@ -220,11 +220,12 @@ class VersionedBuffer:
     ``put(version, logp, **fields)`` appends ``n`` samples: ``version`` is an int (all samples
     from one version) or a ``long[n]`` tensor, ``logp`` the behaviour log-probabilities
     :math:`\log\pi^{(i)}(a\mid s)` (``[n]`` or ``[n, tokens]``) and every field a tensor with leading
-    dimension ``n`` (observations, actions, advantages, masks...). ``take(current, window)``
-    returns every stored sample as one dict (``"version"``, ``"age"`` = ``current - version``,
-    ``"logp_behav"`` and the fields), keeping only the ``window`` most recent versions if a
-    window is given; ``consume=True`` (default) empties the buffer (on-policy style: every sample
-    is used once), ``consume=False`` keeps the samples for reuse and only evicts those that left
+    dimension ``n`` (observations, actions, advantages, masks...); every put gives ``logp`` and each
+    field the shape after the first dimension and the dtype of the first put (else ``ValueError``).
+    ``take(current, window)`` returns every stored sample as one dict (``"version"``, ``"age"`` =
+    ``current - version``, ``"logp_behav"`` and the fields), keeping only the ``window`` most recent
+    versions if a window is given; ``consume=True`` (default) empties the buffer (on-policy style: every
+    sample is used once), ``consume=False`` keeps the samples for reuse and only evicts those that left
     the window. ``capacity`` (samples) evicts the oldest samples first.
 
     Chapter: 12_clipping_staleness.
@@ -675,7 +676,9 @@ class Monitor:
 
     ``update(step, **metrics)`` records the metrics, returns the alerts that fire at this
     update (a rule fires when its violation streak reaches its ``patience``, and again every
-    ``patience`` updates while it lasts) and keeps every alert in ``alerts``. Metrics without a
+    ``patience`` updates while it lasts) and keeps every alert in ``alerts``. Each metric is a real
+    number or a one-element tensor (NaN and inf count as violations); anything else raises
+    ``TypeError`` before anything is recorded. Metrics without a
     rule are only recorded (``history``). ``ok`` is True when no rule is violated at the last
     update (a trainer saves its "last good" checkpoint only then). :meth:`replay` runs a
     recorded trace through a new set of rules: the chapter's threshold slider uses it.

@@ -147,7 +147,8 @@ class Option:
 
     Args:
         name: the option's name in a :class:`SkillLibrary`.
-        template: the prompt, a format string over the arguments (``"{0}+{1}="``).
+        template: the prompt, a format string over the arguments (``"{0}+{1}="``); it must use each of
+            ``{0}`` .. ``{arity - 1}`` (or ``arity`` fields ``{}``), checked when the option is built.
         arity: the number of arguments.
         lo, hi: the initiation set :math:`\mathcal I`: every argument an integer in ``lo..hi`` (the
             operands the skill was trained on).

@@ -73,7 +73,7 @@ class RetryTask:
         feedback: the checker's reply after a wrong answer, a non-empty string in the
             tokenizer's vocabulary ``chars`` (no newline); checked when the task is built.
         chars: the characters of the tokenizer the task will be played with (default
-            :data:`~rlkit.llm.tokenizer.DEFAULT_CHARS`, the shipped tokenizer's; give ``tok.chars``
+            ``rlkit.llm.tokenizer.DEFAULT_CHARS``, the shipped tokenizer's; give ``tok.chars``
             for another :class:`~rlkit.llm.CharTokenizer`).
 
     The longest conversation has ``len(prompt) + K * base.max_new_tokens + (K - 1) * len(feedback)``

@@ -213,6 +213,9 @@ def apply_logits_processor(logits_processor, context_ids: torch.Tensor, context_
         context_mask: ``[N, L]`` bool, True at real tokens.
         logits: ``[N, V]`` float, the model's logits for the next token.
 
+    The inputs are checked (``context_ids`` int64 ``[N, L]``, ``context_mask`` bool of its shape,
+    floating ``logits`` with ``N`` rows), with errors that name them.
+
     Returns:
         ``[N, V]`` processed logits. A result of another shape, with NaN or :math:`+\infty`, or with
         a row that is :math:`-\infty` everywhere (no token left to sample) raises ``ValueError``.
