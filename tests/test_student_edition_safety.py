@@ -255,3 +255,27 @@ def test_the_cli_reports_a_bad_chapter_without_a_traceback(tmp_path, lessons):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "KeyError" not in proc.stderr
     assert "03_bad.ipynb, cell 0: a markdown cell without 'source'" in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_pathological_line_is_scanned_in_linear_time():
+    """A line of many list markers and spaces once made the opening-fence pattern backtrack exponentially."""
+    import time
+
+    start = time.monotonic()
+    nb, removed = strip_solutions({"cells": [_cell(("-" + " " * 10) * 3000 + "x\n" + "> " * 50000 + "\n")]})
+    assert removed == {"blocks": 0, "cells": 0} and time.monotonic() - start < 5
+
+
+def test_no_solution_survives_in_the_shipped_chapters_by_mysts_parser():
+    chapters = sorted((Path(__file__).resolve().parent.parent / "lessons").glob("[0-9][0-9]_*.ipynb"))
+    assert len(chapters) >= 25
+    for path in chapters:
+        original = json.loads(path.read_text(encoding="utf-8"))
+        student, removed = strip_solutions(original, path.name)
+
+        def markdown(nb):
+            return ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown"]
+
+        found = sum(len(solutions(text)) for text in markdown(original))
+        assert found >= 3 and removed["blocks"] == found, (path.name, found, removed)
+        assert all(solutions(text) == [] for text in markdown(student)), path.name

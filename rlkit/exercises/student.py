@@ -55,7 +55,8 @@ SOLUTION_NOTE = "*The solution to this exercise is not included in the student e
 #: \v, \f, \x1c-\x1e, \x85, \u2028 and \u2029, which markdown keeps inside a line).
 _LINES = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+")
 #: A {solution} fence anywhere in a line: ``lead`` is what precedes it (indentation, quote and list markers).
-_OPEN = re.compile(r"(?P<lead>[ \t>]*(?:(?:[-+*]|\d{1,9}[.)])[ \t]+[ \t>]*)*)(?P<fence>`{3,}|~{3,}|:{3,})"
+#: (Each unit of ``lead`` starts with a character no other unit starts with: no exponential backtracking.)
+_OPEN = re.compile(r"(?P<lead>(?:[ \t>]|[-+*][ \t]|\d{1,9}[.)][ \t])*)(?P<fence>`{3,}|~{3,}|:{3,})"
                    r"[ \t]*(?P<info>\{solution\}(?:[ \t].*)?)$", re.IGNORECASE)
 _FENCE = re.compile(r" {0,3}(?P<fence>`{3,}|~{3,}|:{3,})[ \t]*$")
 _ATTACHMENT = re.compile(r"attachment:([^\s)\"'<>]+)")
