@@ -25,7 +25,8 @@ simulated      nothing runs concurrently: :meth:`ActorPool.get` samples in the l
                :class:`rlkit.staleness.LagDistribution`, old versions kept in a
                :class:`rlkit.staleness.PolicyArchive`. Deterministic: quantitative comparisons use it.
 process        ``n_actors`` processes (``torch.multiprocessing``, spawn, one torch thread each). Weights
-               live in shared-memory tensors under a lock; samples come back through a bounded queue.
+               live in shared-memory tensors behind a seqlock (no actor holds a lock); samples come
+               back through one pipe per actor, read without blocking, ``queue_size`` in flight.
 ray            ``n_actors`` Ray actors running the same actor loop; weights go through the object
                store (one ``ray.put`` per version), samples through a ``ray.util.queue.Queue``.
 =============  =================================================================================
@@ -37,12 +38,17 @@ The contract, the same for every backend:
   :math:`\text{seq}\cdot n_{\text{actors}} + \text{actor}` and the ``rng_seed`` it was sampled with;
   ``payload = sample_fn(model_with_those_weights, rng_seed, request)``, so any sample can be
   recomputed from its version's weights;
-* nothing is lost or duplicated: per actor the consumed and dropped sequence numbers are
-  0, 1, 2, ... in order;
+* nothing is lost or duplicated unnoticed: per actor the consumed, dropped and lost
+  (``pool.lost``) sequence numbers are 0, 1, 2, ... in order;
 * staleness is bounded with :func:`rlkit.staleness.version_window`: with ``max_lag`` set, a sample
   whose lag exceeds it is dropped at consumption (counted in ``pool.dropped``); the
   bounded queue (``queue_size``) makes actors block instead of running far ahead of the learner;
-* :meth:`ActorPool.lag_histogram` counts the lag :math:`\ell` of every consumed sample.
+* :meth:`ActorPool.lag_histogram` counts the lag :math:`\ell` of every consumed sample;
+* every wait is bounded: :meth:`ActorPool.get` returns, raises ``TimeoutError`` or raises
+  :class:`ActorError` within its ``timeout`` whatever an actor does (``"process"``: it hangs, dies
+  at any moment, also while it reads the weights or writes a sample, or sends garbage); an actor that
+  stopped is reported by index and exit code, also while others still deliver; a sample that
+  cannot be delivered is named (actor, seq) and recorded in ``pool.lost``.
 
 A loop (the learner), with the tiny LLM's actor pieces of :mod:`rlkit.llm.actors`::
 
@@ -70,11 +76,16 @@ import math
 import numbers
 import os
 import pickle
-import queue as _queue
+import select
+import selectors
+import signal
 import socket
+import struct
 import sys
 import time
 import traceback
+import weakref
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -84,6 +95,11 @@ import torch
 
 from . import _validate as V
 from .staleness import LagDistribution, PolicyArchive, version_window
+
+try:
+    import fcntl
+except ImportError:                 # not POSIX: the process backend's pipes keep their default size
+    fcntl = None
 
 Tensor = torch.Tensor
 
@@ -156,11 +172,12 @@ def _rng_seed(seed: int, request: int) -> int:
 # ============================================================================================
 
 def _actor_loop(actor: int, n_actors: int, seed: int, make_model, sample_fn, channel) -> None:
-    """Sample forever with the newest published weights; put ``(actor, seq, version, ...)`` items.
+    """Sample forever with the newest published weights; hand every sample to ``channel.put``.
 
     ``channel`` is the backend's data plane: ``newest()`` -> newest published version (-1: none yet,
     None: stop), ``load(model)`` -> copies the newest weights into ``model`` and returns their
-    version, ``put(item)`` -> False once the pool is stopping.
+    version (None: stop), ``put(actor, seq, version, request, rng_seed, payload)`` -> False once the
+    pool is stopping.
     """
     torch.set_num_threads(1)
     model = make_model()
@@ -175,53 +192,335 @@ def _actor_loop(actor: int, n_actors: int, seed: int, make_model, sample_fn, cha
             continue
         if newest != held:
             held = channel.load(model)
+            if held is None:
+                return
         request = seq * n_actors + actor
         rng_seed = _rng_seed(seed, request)
         with torch.no_grad():
             payload = sample_fn(model, rng_seed, request)
-        if not channel.put(("ok", actor, seq, held, request, rng_seed, payload)):
+        if not channel.put(actor, seq, held, request, rng_seed, payload):
             return
         seq += 1
 
 
-class _ProcessChannel:
-    """Shared-memory weights under a lock (the version is read and the weights copied together)."""
+# ============================================================================================
+# The process backend's data plane
+# ============================================================================================
+#
+# No actor ever holds anything the learner waits for, so killing one at any moment cannot block the learner:
+#
+# * Weights: one shared-memory tensor per state_dict entry and three shared int64 words written by the learner
+#   only (a seqlock): _SEQ is odd while the learner copies new weights in, _VERSION is their version, _STOP asks
+#   the actors to stop. An actor copies the weights into a private snapshot and keeps the copy only if _SEQ was
+#   even before the copy and unchanged after it (x86-64 orders these plain stores and loads; the copies are
+#   complete when torch's copy_ returns).
+# * Samples: one pipe per actor, whose write end only that actor holds (the learner closes its copy), so the
+#   actor's death reads as end-of-file, also halfway through a message. The learner reads every pipe without
+#   blocking (a selector with a deadline) and checks the actors' exit codes while it waits. A message is a frame:
+#   a fixed header (_FRAME: magic, kind, actor, seq, version, request, rng_seed, length) and the pickled payload,
+#   so the learner knows which sample it is reading even if the payload cannot be unpickled.
+# * Back-pressure: a credit pipe holds one byte per free place among queue_size samples in flight; an actor takes
+#   a byte before it sends a sample, the learner writes one when it takes a sample out of the pipes.
 
-    def __init__(self, weights, version, lock, stop, out):
-        self.weights, self.version, self.lock, self.stop, self.out = weights, version, lock, stop, out
+_SEQ, _VERSION, _STOP = 0, 1, 2
+_FRAME = struct.Struct("<8s7q")
+_MAGIC = b"rlkit-AP"
+_OK, _ERROR = 0, 1
+_MAX_FRAME = 1 << 40                   # a header announcing more is garbage
+_PIPE_BYTES = 1 << 20                  # F_SETPIPE_SZ of every sample pipe (the default is 64 KiB)
+_READ_BUDGET = 16 << 20                # bytes read from one pipe before the learner looks at the clock again
+_SPAWN_HINT = ("its stderr says why (a spawned process re-imports the main script: run it from a file, with the "
+               "loop under `if __name__ == '__main__':`)")
+
+
+def _write_all(fd: int, *parts) -> None:
+    for part in parts:
+        view = memoryview(part).cast("B")
+        while view:
+            view = view[os.write(fd, view):]
+
+
+class _ProcessChannel:
+    """The actor's end: seqlock reads of the shared weights, credits, frames into its own pipe."""
+
+    def __init__(self, weights, ctl, credits, out, parent: int):
+        self.weights, self.ctl, self.parent = weights, ctl, parent
+        self.credits, self.out = credits, out              # the Connections: keep them (and their fds) open
+        self.credit_fd, self.out_fd = credits.fileno(), out.fileno()
+        os.set_blocking(self.credit_fd, False)
+        self.snapshot = {k: v.clone() for k, v in weights.items()}
+
+    def stopping(self) -> bool:
+        return bool(self.ctl[_STOP]) or os.getppid() != self.parent      # asked to, or the learner is gone
 
     def newest(self):
-        return None if self.stop.is_set() else self.version.value
+        return None if self.stopping() else int(self.ctl[_VERSION])
 
-    def load(self, model) -> int:
-        with self.lock:
-            model.load_state_dict(self.weights)
-            return int(self.version.value)
+    def load(self, model):
+        while not self.stopping():
+            before = self.ctl[_SEQ]
+            if before % 2 == 0:
+                for k, t in self.snapshot.items():
+                    t.copy_(self.weights[k])
+                version = self.ctl[_VERSION]
+                if self.ctl[_SEQ] == before:                # no publish overlapped the copy
+                    model.load_state_dict(self.snapshot)
+                    return int(version)
+            time.sleep(0.0005)
+        return None
 
-    def put(self, item) -> bool:
-        blob = _dumps(item)             # bytes: no shared-memory handles in flight
-        while not self.stop.is_set():
-            try:
-                self.out.put(blob, timeout=0.05)
-                return True
-            except _queue.Full:
+    def _credit(self) -> bool:
+        while not self.stopping():
+            if not select.select([self.credit_fd], [], [], 0.1)[0]:
                 continue
+            try:
+                got = os.read(self.credit_fd, 1)
+            except BlockingIOError:                         # another actor took it
+                continue
+            return bool(got)                                # b"": the learner closed the credits
         return False
 
+    def put(self, actor, seq, version, request, rng_seed, payload) -> bool:
+        body = _dumps(payload)
+        return self._credit() and self.send(_OK, actor, seq, version, request, rng_seed, body)
 
-def _process_main(actor, n_actors, seed, make_model, sample_fn, weights, version, lock, stop, out):
+    def send(self, kind, actor, seq, version, request, rng_seed, body: bytes) -> bool:
+        try:
+            _write_all(self.out_fd, _FRAME.pack(_MAGIC, kind, actor, seq, version, request, rng_seed, len(body)),
+                       body)
+        except OSError:                                     # the learner closed the pipe: stopping
+            return False
+        return True
+
+
+def _process_main(actor, n_actors, seed, make_model, sample_fn, weights, ctl, credits, out, parent):
     """Entry point of an actor process (spawn): run the loop, report an exception with its traceback."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    channel = _ProcessChannel(weights, ctl, credits, out, parent)
     try:
-        _actor_loop(actor, n_actors, seed, make_model, sample_fn, _ProcessChannel(weights, version, lock, stop, out))
-        out.cancel_join_thread()        # stopping: undelivered samples are not waited for
+        _actor_loop(actor, n_actors, seed, make_model, sample_fn, channel)
     except BaseException:               # noqa: BLE001 - everything goes back to the learner
-        msg = pickle.dumps(("error", actor, traceback.format_exc()))
-        try:
-            out.put(msg, timeout=5.0)
-        except Exception:               # noqa: BLE001 - the learner is gone or the queue is full
-            out.cancel_join_thread()
+        channel.send(_ERROR, actor, -1, -1, -1, -1, traceback.format_exc().encode())
 
+
+class _Inbox:
+    """The learner's end of one actor's pipe, and the frame being read from it."""
+
+    def __init__(self, conn):
+        self.conn, self.fd = conn, conn.fileno()
+        os.set_blocking(self.fd, False)
+        try:
+            fcntl.fcntl(self.fd, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+        except (OSError, AttributeError):                   # not Linux, or over the user's pipe quota
+            pass
+        self.head = bytearray(_FRAME.size)
+        self.body: bytearray | None = None
+        self.meta: tuple | None = None
+        self.got = 0
+        self.next_seq = 0
+        self.open = True
+
+    def mid_frame(self) -> bool:
+        return self.got > 0 or self.body is not None
+
+
+class _ProcessBackend:
+    """Actor processes, their pipes and the shared weights. Holds no reference to its pool (weakref.finalize)."""
+
+    def __init__(self, template: dict, queue_size: int, timeout: float, lost: list):
+        self.template, self.queue_size, self.timeout, self.lost = template, queue_size, timeout, lost
+        self.procs: list = []
+        self.inboxes: list[_Inbox] = []
+        self.ready: deque = deque()     # complete frames, in the order they completed
+        self.failure: list[str] = []    # why the pool is broken (sticky)
+        self.reported: set[int] = set()  # actors whose error report arrived
+        self.weights = self.ctl = self.credits = self.selector = None
+        self.owed = 0
+        self.next_check = 0.0
+        self.closed = False
+
+    def start(self, n_actors: int, seed: int, make_model, sample_fn) -> None:
+        import torch.multiprocessing as mp
+        ctx = mp.get_context("spawn")
+        self.weights = {k: v.clone().share_memory_() for k, v in self.template.items()}
+        self.ctl = ctx.RawArray("q", 3)
+        self.ctl[_VERSION] = -1
+        credits_in, self.credits = ctx.Pipe(duplex=False)
+        os.set_blocking(self.credits.fileno(), False)
+        self.selector = selectors.DefaultSelector()
+        try:
+            for a in range(n_actors):
+                inbox, out = ctx.Pipe(duplex=False)
+                self.inboxes.append(_Inbox(inbox))
+                self.selector.register(inbox.fileno(), selectors.EVENT_READ, a)
+                p = ctx.Process(target=_process_main, name=f"rlkit-actor-{a}", daemon=True,
+                                args=(a, n_actors, seed, make_model, sample_fn, self.weights, self.ctl, credits_in,
+                                      out, os.getpid()))
+                try:
+                    p.start()
+                finally:
+                    out.close()         # the actor holds the only write end: its death reads as end-of-file
+                self.procs.append(p)
+        finally:
+            credits_in.close()
+        self._grant(self.queue_size)
+
+    def publish(self, state: dict, version: int) -> None:
+        ctl = self.ctl
+        seq = ctl[_SEQ] | 1             # odd: writing (stays odd if the copy is interrupted)
+        ctl[_SEQ] = seq
+        for k, v in state.items():
+            self.weights[k].copy_(v)
+        ctl[_VERSION] = version
+        ctl[_SEQ] = seq + 1
+
+    def _grant(self, k: int) -> None:
+        """Give ``k`` more credits (one byte each); what the full credit pipe cannot take is given later."""
+        self.owed += k
+        if self.owed:
+            try:
+                self.owed -= os.write(self.credits.fileno(), b"\0" * self.owed)
+            except OSError:             # full (BlockingIOError), or every actor is gone (reported by its pipe)
+                pass
+
+    def next(self, deadline: float) -> tuple:
+        while True:
+            if self.ready:                  # what arrived whole before a failure is delivered first
+                return self._take()
+            if self.failure:
+                raise ActorError(self.failure_message())
+            self._grant(0)
+            events = self.selector.select(timeout=min(max(deadline - time.monotonic(), 0.0), 0.1))
+            for key, _ in events:
+                self._read(key.data, _READ_BUDGET)
+            if not events or time.monotonic() >= self.next_check:
+                self._check_exits()
+            if not self.ready and not self.failure and time.monotonic() >= deadline:
+                raise TimeoutError
+
+    def failure_message(self) -> str:
+        return "; ".join(self.failure) + ". The pool cannot go on: close it (the with block does) and start a new one"
+
+    def _take(self) -> tuple:
+        actor, seq, version, request, rng_seed, body = self.ready.popleft()
+        self._grant(1)
+        try:
+            payload = pickle.loads(body)
+        except Exception as e:  # noqa: BLE001 - whatever the payload's own unpickling raises
+            why = f"the learner could not unpickle its payload ({type(e).__name__}: {e})"
+            self.lost.append((actor, seq, why))
+            raise ActorError(f"actor {actor}'s sample seq {seq} (version {version}, request {request}) is lost: "
+                             f"{why}. It is recorded in pool.lost; the pool goes on with the next samples") from e
+        return actor, seq, version, request, rng_seed, payload
+
+    def _read(self, a: int, budget: float) -> None:
+        """Read what actor ``a``'s pipe holds now (at most about ``budget`` bytes), without blocking."""
+        box = self.inboxes[a]
+        while budget > 0 and box.open:
+            buf = box.head if box.body is None else box.body
+            try:
+                n = os.readv(box.fd, [memoryview(buf)[box.got:]])
+            except BlockingIOError:
+                return
+            except OSError:
+                n = 0
+            if n == 0:
+                self._eof(a)
+                return
+            box.got += n
+            budget -= n
+            if box.got == len(buf):
+                self._header(a) if box.body is None else self._frame(a)
+
+    def _header(self, a: int) -> None:
+        box = self.inboxes[a]
+        magic, kind, actor, seq, version, request, rng_seed, size = _FRAME.unpack(box.head)
+        if magic != _MAGIC or kind not in (_OK, _ERROR) or actor != a or not 0 <= size <= _MAX_FRAME \
+                or (kind == _OK and seq != box.next_seq):
+            self.failure.append(f"actor {a} sent a malformed message (header {bytes(box.head)!r}; expected its "
+                                f"sample seq {box.next_seq})")
+            self._shut(a)
+            return
+        box.meta, box.body, box.got = (kind, seq, version, request, rng_seed), bytearray(size), 0
+        if size == 0:
+            self._frame(a)
+
+    def _frame(self, a: int) -> None:
+        box = self.inboxes[a]
+        (kind, seq, version, request, rng_seed), body = box.meta, box.body
+        box.meta, box.body, box.got = None, None, 0
+        if kind == _ERROR:
+            self.reported.add(a)
+            self.failure.append(f"actor {a} raised an exception; its traceback:\n"
+                                f"{body.decode('utf-8', errors='replace')}")
+        else:
+            box.next_seq += 1
+            self.ready.append((a, seq, version, request, rng_seed, body))
+
+    def _shut(self, a: int) -> None:
+        box = self.inboxes[a]
+        if box.open:
+            box.open = False
+            self.selector.unregister(box.fd)
+
+    def _eof(self, a: int) -> None:
+        """Actor ``a``'s pipe is closed: the actor stopped. Say how, and which sample went with it."""
+        box = self.inboxes[a]
+        self._shut(a)
+        p = self.procs[a]
+        p.join(1.0)                     # it has closed its pipe: it is exiting
+        code = p.exitcode if p.exitcode is not None else "none: alive, but it closed its pipe"
+        why = _SPAWN_HINT
+        if isinstance(code, int) and code < 0:
+            try:
+                why = f"killed by signal {signal.Signals(-code).name}"
+            except ValueError:
+                why = f"killed by signal {-code}"
+        if box.mid_frame():
+            seq = box.meta[1] if box.meta is not None else box.next_seq
+            self.lost.append((a, seq, f"actor {a} stopped (exit code {code}) while it sent this sample"))
+            self.failure.append(f"actor {a} (exit code {code}) stopped while it sent its sample seq {seq}, which "
+                                f"is lost (recorded in pool.lost); {why}")
+        elif a not in self.reported:
+            self.failure.append(f"actor {a} (exit code {code}) stopped without reporting an error; {why}")
+
+    def _check_exits(self) -> None:
+        """An actor whose process has exited: read what it sent, then report it (its pipe may not show EOF)."""
+        self.next_check = time.monotonic() + 0.25
+        for a, (p, box) in enumerate(zip(self.procs, self.inboxes)):
+            if box.open and p.exitcode is not None:
+                self._read(a, math.inf)             # it is dead: what is in the pipe is all there is
+                if box.open:
+                    self._eof(a)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.ctl is not None:
+            self.ctl[_STOP] = 1
+        for conn in [self.credits, *(box.conn for box in self.inboxes)]:
+            if conn is not None:
+                conn.close()            # an actor waiting for a credit reads EOF, one writing a sample EPIPE
+        if self.selector is not None:
+            self.selector.close()
+        deadline = time.monotonic() + min(self.timeout, 10.0)
+        for p in self.procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in self.procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(2.0)
+            if p.is_alive():
+                p.kill()
+                p.join(2.0)
+        self.ready.clear()
+        self.weights = None
+
+
+# ============================================================================================
+# The Ray backend
+# ============================================================================================
 
 class _RayChannel:
     """Weights through the object store: a holder actor keeps ``(version, [ref])`` of the newest."""
@@ -244,9 +543,10 @@ class _RayChannel:
         model.load_state_dict(pickle.loads(self.ray.get(self._ref)))
         return self._version
 
-    def put(self, item) -> bool:
+    def put(self, actor, seq, version, request, rng_seed, payload) -> bool:
         from ray.util.queue import Full
-        blob = _dumps(item)
+        blob = pickle.dumps(("ok", actor, seq, version, request, rng_seed, _dumps(payload)),
+                            protocol=pickle.HIGHEST_PROTOCOL)   # the header unpickles even if the payload cannot
         while True:
             try:
                 self.out.put(blob, block=True, timeout=0.05)
@@ -301,6 +601,176 @@ def loopback_only() -> bool:
     return sorted(name for _, name in socket.if_nameindex()) == ["lo"]
 
 
+class _RayBackend:
+    """Ray actors, the weights holder and the sample queue. Holds no reference to its pool (weakref.finalize)."""
+
+    def __init__(self, address, ray_init: dict, queue_size: int, timeout: float, lost: list):
+        self.address, self.ray_init, self.queue_size, self.timeout, self.lost = \
+            address, ray_init, queue_size, timeout, lost
+        self.ray = _import_ray()
+        self.started_ray = False
+        self.holder = self.queue = None
+        self.actors: list = []
+        self.runs: list = []
+        self.stopped: set[int] = set()  # actors whose run returned (their error report is on its way)
+        self.failure: str | None = None
+        self.next_check = 0.0
+        self.closed = False
+
+    def start(self, n_actors: int, seed: int, make_model, sample_fn) -> None:
+        ray = self.ray
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")      # no usage reports
+        if not ray.is_initialized() and self.address is None and not loopback_only() \
+                and os.environ.get("RLKIT_RAY_ANY_NETWORK") != "1":
+            # a local Ray probes external addresses to find its own IP: start it only where loopback is all
+            raise RuntimeError(
+                "backend='ray' would start a local Ray instance in a network namespace with interfaces "
+                "other than loopback, and Ray probes external addresses to find its own. Run inside a "
+                "loopback-only namespace: RAY_USAGE_STATS_ENABLED=0 unshare -rn sh -c 'ip link set lo up "
+                "&& exec python your_script.py' (book/setup.md), pass address= of an existing cluster, or "
+                "set RLKIT_RAY_ANY_NETWORK=1 if your machine may send that traffic.")
+        from ray.util.queue import Queue
+        if not ray.is_initialized():
+            if self.address is not None:
+                ray.init(address=self.address, log_to_driver=False)
+            else:
+                kw = dict(num_cpus=n_actors, include_dashboard=False, object_store_memory=200 * 2 ** 20,
+                          log_to_driver=False)
+                kw.update(self.ray_init)
+                ray.init(**kw)
+            self.started_ray = True
+        self.holder = ray.remote(num_cpus=0)(_RayHolder).remote()
+        self.queue = Queue(maxsize=self.queue_size, actor_options={"num_cpus": 0})
+        actor_cls = ray.remote(num_cpus=1)(_RayActor)
+        self.actors = [actor_cls.remote() for _ in range(n_actors)]
+        self.runs = [h.run.remote(a, n_actors, seed, make_model, sample_fn, self.holder, self.queue)
+                     for a, h in enumerate(self.actors)]
+
+    def publish(self, state: dict, version: int) -> None:
+        ref = self.ray.put(_dumps(state))             # one copy in the object store, read by every actor
+        self.ray.get(self.holder.publish.remote(version, [ref]), timeout=self.timeout)
+
+    def _check_runs(self) -> None:
+        """A run that returned reported an error (it is in the queue); one that raised is a dead actor."""
+        self.next_check = time.monotonic() + 0.5
+        done, _ = self.ray.wait(self.runs, num_returns=len(self.runs), timeout=0)
+        for ref in done:
+            a = self.runs.index(ref)
+            if a in self.stopped:
+                continue
+            self.stopped.add(a)
+            try:
+                self.ray.get(ref, timeout=5.0)
+            except Exception as e:  # noqa: BLE001 - RayActorError, WorkerCrashedError, ...
+                self.failure = f"Ray actor {a} died ({type(e).__name__}: {e})"
+
+    def next(self, deadline: float) -> tuple:
+        from ray.util.queue import Empty
+        while True:
+            if self.failure:
+                raise ActorError(self.failure)
+            if time.monotonic() >= self.next_check:
+                self._check_runs()
+                continue
+            try:
+                item = pickle.loads(self.queue.get(block=True, timeout=min(max(deadline - time.monotonic(), 0.01),
+                                                                            0.2)))
+            except Empty:
+                if self.stopped:
+                    try:                                # its error report may still be on its way
+                        item = pickle.loads(self.queue.get(block=True, timeout=1.0))
+                    except Empty:
+                        self.failure = (f"Ray actor(s) {sorted(self.stopped)} stopped without reporting an error")
+                        continue
+                elif time.monotonic() >= deadline:
+                    raise TimeoutError from None
+                else:
+                    continue
+            if item[0] == "error":
+                self.failure = f"actor {item[1]} raised an exception; its traceback:\n{item[2]}"
+                continue
+            return self._unpack(item)
+
+    def _unpack(self, item: tuple) -> tuple:
+        _, actor, seq, version, request, rng_seed, body = item
+        try:
+            payload = pickle.loads(body)
+        except Exception as e:  # noqa: BLE001 - whatever the payload's own unpickling raises
+            why = f"the learner could not unpickle its payload ({type(e).__name__}: {e})"
+            self.lost.append((actor, seq, why))
+            raise ActorError(f"actor {actor}'s sample seq {seq} (version {version}, request {request}) is lost: "
+                             f"{why}. It is recorded in pool.lost; the pool goes on with the next samples") from e
+        return actor, seq, version, request, rng_seed, payload
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        ray, wait = self.ray, min(self.timeout, 10.0)
+        try:
+            if self.holder is not None:
+                ray.get(self.holder.stop.remote(), timeout=wait)
+            if self.runs:
+                ray.wait(self.runs, num_returns=len(self.runs), timeout=wait)
+        except Exception:  # noqa: BLE001 - shutting down regardless
+            pass
+        for h in [*self.actors, self.holder, None if self.queue is None else self.queue.actor]:
+            if h is None:
+                continue
+            try:
+                ray.kill(h)
+            except Exception:  # noqa: BLE001
+                pass
+        if self.started_ray:
+            ray.shutdown()
+
+
+# ============================================================================================
+# The simulated backend
+# ============================================================================================
+
+class _SimulatedBackend:
+    """Samples in the learner's process with archived weights ``lag`` versions old."""
+
+    def __init__(self, scratch, lag_distribution: LagDistribution, n_actors: int, seed: int, sample_fn,
+                 lost: list):
+        self.scratch, self.lags, self.n_actors, self.seed, self.sample_fn, self.lost = \
+            scratch, lag_distribution, n_actors, seed, sample_fn, lost
+        self.archive = PolicyArchive(capacity=lag_distribution.max + 1)
+        self.gen = torch.Generator().manual_seed(seed)
+        self.next_request = 0
+        self.version = -1
+
+    def start(self, *args) -> None:
+        pass
+
+    def publish(self, state: dict, version: int) -> None:
+        self.scratch.load_state_dict(state)
+        self.archive.push(version, self.scratch)     # a frozen deep copy
+        self.version = version
+
+    def next(self, deadline: float) -> tuple:
+        j = self.next_request
+        self.next_request += 1
+        actor, seq = j % self.n_actors, j // self.n_actors
+        lag = int(self.lags.sample(1, self.gen)[0])
+        target = int(self.archive.behaviour_versions(self.version, torch.tensor([lag]))[0])
+        version = max(v for v in self.archive.versions if v <= target)    # target >= the oldest held
+        rng_seed = _rng_seed(self.seed, j)
+        try:
+            with torch.no_grad():
+                payload = self.sample_fn(self.archive.get(version), rng_seed, j)
+        except Exception as e:
+            self.lost.append((actor, seq, f"sample_fn raised {type(e).__name__}: {e}"))
+            raise ActorError(f"actor {actor} (simulated) raised an exception on its sample seq {seq} (request {j}, "
+                             f"version {version}); that sample is lost (recorded in pool.lost) and not retried: the "
+                             f"next get goes on with request {j + 1}; its traceback:\n{traceback.format_exc()}") from e
+        return actor, seq, version, j, rng_seed, payload
+
+    def close(self) -> None:
+        self.archive = None
+
+
 # ============================================================================================
 # The pool
 # ============================================================================================
@@ -327,14 +797,13 @@ def _as_lags(x) -> LagDistribution:
     V.instance_of(x, "lags", (LagDistribution, numbers.Integral), "LagDistribution, an int >= 0 or None")
     return x if isinstance(x, LagDistribution) else LagDistribution.fixed(V.int_in(x, "lags", 0))
 
-
 class ActorPool:
     r"""``n_actors`` actors sampling with published, versioned weights; the learner consumes their samples.
 
     Use it as a context manager (``with ActorPool(...) as pool:``): on exit, also after an exception,
-    actor processes are stopped and joined (terminated after a timeout), queues closed, Ray actors
-    killed and a Ray instance the pool started shut down. Publish the first weights before the
-    first :meth:`get`.
+    actor processes are stopped and joined (terminated after a timeout), pipes closed, Ray actors
+    killed and a Ray instance the pool started shut down; a pool that is garbage-collected without
+    :meth:`close` is closed then. Publish the first weights before the first :meth:`get`.
 
     Args:
         make_model: ``make_model() -> nn.Module``, builds the model an actor samples with (its
@@ -349,7 +818,8 @@ class ActorPool:
         lags: ``"simulated"`` only: a :class:`rlkit.staleness.LagDistribution` or an int (a fixed lag);
             ``None`` is lag 0 (the in-process loop: sample with the newest weights). The real
             backends *measure* the lag instead. A requested lag larger than the versions published
-            so far is clamped to the oldest version held (early in training).
+            so far is clamped to the oldest version held (early in training). With ``max_lag`` set,
+            ``lags`` must give a lag ``<= max_lag`` some probability (else every sample would be dropped).
         queue_size: ``>= 1``; ``"process"``/``"ray"``: samples waiting for the learner, beyond which
             actors block (back-pressure, which bounds how far they run ahead).
         max_lag: ``None`` or an int ``>= 0``: drop (and record in ``dropped``) samples whose lag at
@@ -363,7 +833,9 @@ class ActorPool:
             ``log_to_driver=False``).
 
     Attributes: ``version`` (the newest published), ``consumed`` (samples returned), ``dropped``
-    (the list of dropped :class:`Sampled`), ``lags`` (the lag of every consumed sample, in order).
+    (the list of dropped :class:`Sampled`), ``lost`` (``(actor, seq, why)`` of every sample lost:
+    ``sample_fn`` raised in the simulated backend, its payload could not be unpickled, or its actor
+    died while sending it), ``lags`` (the lag of every consumed sample, in order).
     :attr:`mean_lag` and :meth:`lag_histogram` summarise ``lags``.
 
     Chapter: 16_offpolicy_multistep.
@@ -383,6 +855,10 @@ class ActorPool:
         self.lag_distribution = _as_lags(lags)
         self.queue_size = V.int_in(queue_size, "queue_size")
         self.max_lag = None if max_lag is None else V.int_in(max_lag, "max_lag", 0)
+        if self.max_lag is not None and self.lag_distribution.min > self.max_lag:
+            raise ValueError(f"lags gives every sample a lag of at least {self.lag_distribution.min} "
+                             f"(probs {self.lag_distribution.probs}) and max_lag={self.max_lag} drops every lag "
+                             f"above {self.max_lag}: get would drop every sample; lower the lags or raise max_lag")
         self.timeout = V.real_in(timeout, "timeout", 0.0, lo_open=True)
         if backend != "ray":
             V.unused(address, "address", "by backend='ray'")
@@ -404,13 +880,14 @@ class ActorPool:
         self.consumed: int = 0
         self.lags: list[int] = []
         self.dropped: list[Sampled] = []
+        self.lost: list[tuple[int, int, str]] = []
         self._template: dict[str, Tensor] | None = None
         self._started = self._closed = False
-        self._next_request = 0                    # simulated
-        self._pending: list[tuple] = []           # samples received by a get that timed out
-        self._procs: list = []
-        self._ray_started = False
+        self._backend = None                      # _SimulatedBackend, _ProcessBackend or _RayBackend
+        self._finalizer = None                    # weakref.finalize(self, backend.close)
+        self._pending: list[tuple] = []           # samples received by a get that did not finish
 
+    # ---- lifecycle -------------------------------------------------------------------------
     # ---- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> ActorPool:
         self.start()
@@ -420,127 +897,51 @@ class ActorPool:
         self.close()
 
     def start(self) -> ActorPool:
-        """Start the actors (``with`` does it); returns the pool."""
+        """Start the actors (``with`` does it); returns the pool.
+
+        A pool that is garbage-collected (or still open when the interpreter exits) without
+        :meth:`close` is closed then: a ``weakref.finalize`` holds the actors, not the pool.
+        """
         if self._closed:
             raise RuntimeError("this ActorPool was closed; make a new one")
         if self._started:
             return self
         template = self.make_model()
         V.instance_of(template, "make_model()", torch.nn.Module, "torch.nn.Module")
-        self._scratch = template
         self._template = {k: v.detach().clone() for k, v in template.state_dict().items()}
         self._started = True
+        if self.backend == "simulated":
+            backend = _SimulatedBackend(template, self.lag_distribution, self.n_actors, self.seed, self.sample_fn,
+                                        self.lost)
+        elif self.backend == "process":
+            backend = _ProcessBackend(self._template, self.queue_size, self.timeout, self.lost)
+        else:
+            backend = _RayBackend(self.address, self.ray_init, self.queue_size, self.timeout, self.lost)
+        self._backend = backend
+        self._finalizer = weakref.finalize(self, backend.close)     # the backend does not refer to the pool
         try:
-            getattr(self, f"_start_{self.backend}")()
+            backend.start(self.n_actors, self.seed, self.make_model, self.sample_fn)
         except BaseException:
             self.close()
             raise
         return self
 
-    def _start_simulated(self) -> None:
-        self._archive = PolicyArchive(capacity=self.lag_distribution.max + 1)
-        self._lag_gen = torch.Generator().manual_seed(self.seed)
-
-    def _start_process(self) -> None:
-        import torch.multiprocessing as mp
-        ctx = mp.get_context("spawn")
-        self._weights = {k: v.clone().share_memory_() for k, v in self._template.items()}
-        self._shared_version = ctx.Value("q", -1, lock=False)
-        self._lock = ctx.Lock()
-        self._stop = ctx.Event()
-        self._queue = ctx.Queue(maxsize=self.queue_size)
-        for a in range(self.n_actors):
-            p = ctx.Process(target=_process_main, name=f"rlkit-actor-{a}", daemon=True,
-                            args=(a, self.n_actors, self.seed, self.make_model, self.sample_fn, self._weights,
-                                  self._shared_version, self._lock, self._stop, self._queue))
-            p.start()
-            self._procs.append(p)
-
-    def _start_ray(self) -> None:
-        ray = self._ray = _import_ray()
-        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")      # no usage reports
-        if not ray.is_initialized() and self.address is None and not loopback_only() \
-                and os.environ.get("RLKIT_RAY_ANY_NETWORK") != "1":
-            # a local Ray probes external addresses to find its own IP: start it only where loopback is all
-            raise RuntimeError(
-                "backend='ray' would start a local Ray instance in a network namespace with interfaces "
-                "other than loopback, and Ray probes external addresses to find its own. Run inside a "
-                "loopback-only namespace: RAY_USAGE_STATS_ENABLED=0 unshare -rn sh -c 'ip link set lo up "
-                "&& exec python your_script.py' (book/setup.md), pass address= of an existing cluster, or "
-                "set RLKIT_RAY_ANY_NETWORK=1 if your machine may send that traffic.")
-        from ray.util.queue import Queue
-        if not ray.is_initialized():
-            if self.address is not None:
-                ray.init(address=self.address, log_to_driver=False)
-            else:
-                kw = dict(num_cpus=self.n_actors, include_dashboard=False, object_store_memory=200 * 2 ** 20,
-                          log_to_driver=False)
-                kw.update(self.ray_init)
-                ray.init(**kw)
-            self._ray_started = True
-        self._holder = ray.remote(num_cpus=0)(_RayHolder).remote()
-        self._rqueue = Queue(maxsize=self.queue_size, actor_options={"num_cpus": 0})
-        actor_cls = ray.remote(num_cpus=1)(_RayActor)
-        self._ray_actors = [actor_cls.remote() for _ in range(self.n_actors)]
-        self._ray_runs = [h.run.remote(a, self.n_actors, self.seed, self.make_model, self.sample_fn, self._holder,
-                                       self._rqueue) for a, h in enumerate(self._ray_actors)]
+    @property
+    def _procs(self) -> list:
+        """The actor processes (``"process"`` backend; empty otherwise)."""
+        return getattr(self._backend, "procs", [])
 
     def close(self) -> None:
-        """Stop every actor and release the queues (idempotent; ``with`` calls it)."""
+        """Stop every actor and release the pipes (idempotent; ``with`` calls it).
+
+        ``"process"``: asks the actors to stop, waits at most ``min(timeout, 10)`` seconds, then
+        terminates (and kills) the ones still running.
+        """
         if self._closed:
             return
         self._closed = True
-        if not self._started:
-            return
-        getattr(self, f"_close_{self.backend}")()
-
-    def _close_simulated(self) -> None:
-        self._archive = None
-
-    def _close_process(self) -> None:
-        stop, q = getattr(self, "_stop", None), getattr(self, "_queue", None)
-        if stop is not None:
-            stop.set()
-        deadline = time.monotonic() + min(self.timeout, 10.0)
-        while q is not None and any(p.is_alive() for p in self._procs) and time.monotonic() < deadline:
-            try:                                      # drain, so that no actor waits on a full pipe
-                while True:
-                    q.get_nowait()
-            except (_queue.Empty, OSError, EOFError, pickle.UnpicklingError):
-                pass
-            for p in self._procs:
-                p.join(0.02)
-        for p in self._procs:
-            if p.is_alive():
-                p.terminate()
-                p.join(2.0)
-            if p.is_alive():
-                p.kill()
-                p.join(2.0)
-        if q is not None:
-            q.cancel_join_thread()
-            q.close()
-
-    def _close_ray(self) -> None:
-        ray = self._ray
-        holder, runs = getattr(self, "_holder", None), getattr(self, "_ray_runs", [])
-        try:
-            if holder is not None:
-                ray.get(holder.stop.remote(), timeout=min(self.timeout, 10.0))
-            if runs:
-                ray.wait(runs, num_returns=len(runs), timeout=min(self.timeout, 10.0))
-        except Exception:  # noqa: BLE001 - shutting down regardless
-            pass
-        rq = getattr(self, "_rqueue", None)
-        for h in [*getattr(self, "_ray_actors", []), holder, None if rq is None else rq.actor]:
-            if h is None:
-                continue
-            try:
-                ray.kill(h)
-            except Exception:  # noqa: BLE001
-                pass
-        if self._ray_started:
-            ray.shutdown()
+        if self._finalizer is not None:
+            self._finalizer()
 
     # ---- learner side ----------------------------------------------------------------------
     def _check_running(self, what: str) -> None:
@@ -552,10 +953,12 @@ class ActorPool:
     def publish(self, state_dict: Mapping[str, Tensor], version: int) -> None:
         r"""Publish the learner's weights as ``version`` (an int, larger than every earlier version).
 
-        ``state_dict`` must have the keys, shapes and dtypes of ``make_model().state_dict()``.
+        ``state_dict`` must have the keys, shapes and dtypes of ``make_model().state_dict()``, and
+        finite floating-point entries (NaN or inf: ``ValueError`` naming the entry).
         Actors pick the newest version up before their next sample (``"process"``: copied into
-        shared memory under a lock; ``"ray"``: one ``ray.put``, read by every actor; ``"simulated"``:
-        a frozen copy pushed into the :class:`rlkit.staleness.PolicyArchive`).
+        shared memory under a seqlock, which no actor can hold, so ``publish`` never waits for an
+        actor; ``"ray"``: one ``ray.put``, read by every actor; ``"simulated"``: a frozen copy pushed
+        into the :class:`rlkit.staleness.PolicyArchive`).
         """
         self._check_running("publish")
         version = V.int_in(version, "version", self.version + 1)
@@ -570,27 +973,27 @@ class ActorPool:
             if x.shape != ref.shape or x.dtype != ref.dtype:
                 raise ValueError(f"state_dict[{k!r}] must be {ref.dtype} {tuple(ref.shape)} like make_model()'s, "
                                  f"got {x.dtype} {tuple(x.shape)}")
-        state = {k: v.detach().to("cpu") for k, v in state_dict.items()}
-        if self.backend == "simulated":
-            self._scratch.load_state_dict(state)
-            self._archive.push(version, self._scratch)     # a frozen deep copy
-        elif self.backend == "process":
-            with self._lock:
-                for k, v in state.items():
-                    self._weights[k].copy_(v)
-                self._shared_version.value = version
-        else:
-            ref = self._ray.put(_dumps(state))             # one copy in the object store, read by every actor
-            self._ray.get(self._holder.publish.remote(version, [ref]), timeout=self.timeout)
+            if x.is_floating_point():
+                V.tensor_in(x, f"state_dict[{k!r}]")
+        self._backend.publish({k: v.detach().to("cpu") for k, v in state_dict.items()}, version)
         self.version = version
 
     def get(self, n: int, timeout: float | None = None) -> list[Sampled]:
         r"""The next ``n`` samples whose lag is at most ``max_lag`` (all of them when ``max_lag`` is None).
 
         Each returned :class:`Sampled` has ``lag`` = ``pool.version - sample.version``
-        (the lag :math:`\ell`). Raises :class:`ActorError` with the actor's traceback if an actor failed, and
-        ``TimeoutError`` if ``n`` samples did not arrive within ``timeout`` seconds (default: the
-        pool's ``timeout``); the samples that did arrive are not lost: the next ``get`` returns them first.
+        (the lag :math:`\ell`). Raises ``TimeoutError`` if ``n`` samples did not arrive within
+        ``timeout`` seconds (default: the pool's ``timeout``), whatever the actors do (hang, die, drop
+        every sample for its lag); the samples that did arrive are not lost: the next ``get`` returns
+        them first. Raises :class:`ActorError`:
+
+        * when an actor raised (with the actor's traceback) or stopped (``"process"``: naming its
+          index and exit code, also while other actors still deliver); the pool is then broken and
+          every later ``get`` raises it again: close it;
+        * when one sample is lost (``sample_fn`` raised in the simulated backend, or its payload
+          cannot be unpickled in the learner): the message names the actor and the sequence
+          number, ``pool.lost`` records it, and the next ``get`` goes on with the following samples
+          (the lost one is not retried).
         """
         self._check_running("get")
         n = V.int_in(n, "n")
@@ -599,95 +1002,39 @@ class ActorPool:
             raise RuntimeError("get: publish the first weights (pool.publish(model.state_dict(), version=0)) "
                                "before asking for samples")
         deadline = time.monotonic() + timeout
-        items: list[tuple] = []                   # kept, in order; back to _pending if the time runs out
-        while len(items) < n:
-            if self._pending:
-                item = self._pending.pop(0)
-            else:
-                try:
-                    item = self._next(deadline, n, len(items))
-                except TimeoutError:
-                    self._pending = items + self._pending      # nothing is lost: the next get returns them
-                    raise
-            version = item[3]
-            if self.max_lag is not None and not bool(
-                    version_window(torch.tensor([version]), self.version, self.max_lag + 1)[0]):
-                self.dropped.append(self._sampled(item))
-                continue
-            items.append(item)
-            if len(items) < n and time.monotonic() > deadline:
-                self._pending = items + self._pending
-                raise TimeoutError(self._timeout_message(n, len(items), timeout))
+        items: list[tuple] = []                   # kept, in order; back to _pending if get cannot finish
+        asked = False
+        try:
+            while len(items) < n:
+                if self._pending:
+                    item = self._pending.pop(0)
+                else:
+                    if asked and time.monotonic() > deadline:
+                        raise TimeoutError
+                    item, asked = self._backend.next(deadline), True
+                if self.max_lag is not None and not bool(
+                        version_window(torch.tensor([item[2]]), self.version, self.max_lag + 1)[0]):
+                    self.dropped.append(self._sampled(item))
+                    continue
+                items.append(item)
+        except TimeoutError:
+            self._pending = items + self._pending      # nothing is lost: the next get returns them
+            raise TimeoutError(self._timeout_message(n, len(items))) from None
+        except BaseException:
+            self._pending = items + self._pending
+            raise
         out = [self._sampled(item) for item in items]
         self.lags += [s.lag for s in out]
         self.consumed += len(out)
         return out
 
     def _sampled(self, item: tuple) -> Sampled:
-        _, actor, seq, version, request, rng_seed, payload = item
+        actor, seq, version, request, rng_seed, payload = item
         return Sampled(payload, version, actor, seq, self.version - version, request, rng_seed)
-
-    def _next(self, deadline: float, n: int, got: int) -> tuple:
-        return getattr(self, f"_next_{self.backend}")(deadline, n, got)
-
-    def _next_simulated(self, deadline, n, got) -> tuple:
-        j = self._next_request
-        self._next_request += 1
-        actor, seq = j % self.n_actors, j // self.n_actors
-        lag = int(self.lag_distribution.sample(1, self._lag_gen)[0])
-        target = int(self._archive.behaviour_versions(self.version, torch.tensor([lag]))[0])
-        version = max(v for v in self._archive.versions if v <= target)    # target >= the oldest held
-        rng_seed = _rng_seed(self.seed, j)
-        with torch.no_grad():
-            payload = self.sample_fn(self._archive.get(version), rng_seed, j)
-        return "ok", actor, seq, version, j, rng_seed, payload
 
     def _timeout_message(self, n, got, timeout=None) -> str:
         return (f"get: {got} of {n} samples arrived in time from {self.n_actors} {self.backend} actors (they are "
                 f"kept for the next get; pass a larger timeout= to ActorPool or get)")
-
-    def _next_process(self, deadline, n, got) -> tuple:
-        while True:
-            try:
-                item = pickle.loads(self._queue.get(timeout=0.05))
-            except _queue.Empty:
-                dead = [(i, p.exitcode) for i, p in enumerate(self._procs) if not p.is_alive()]
-                if dead:
-                    try:                             # an error message may still be in the pipe
-                        item = pickle.loads(self._queue.get(timeout=1.0))
-                    except _queue.Empty:
-                        raise ActorError(f"actor(s) {', '.join(f'{i} (exit code {c})' for i, c in dead)} "
-                                         f"stopped without reporting an error; their stderr says why (a spawned "
-                                         f"process re-imports the main script: run it from a file, with the "
-                                         f"loop under `if __name__ == '__main__':`)") from None
-                elif time.monotonic() > deadline:
-                    raise TimeoutError(self._timeout_message(n, got)) from None
-                else:
-                    continue
-            if item[0] == "error":
-                raise ActorError(f"actor {item[1]} raised an exception; its traceback:\n{item[2]}")
-            return item
-
-    def _next_ray(self, deadline, n, got) -> tuple:
-        from ray.util.queue import Empty
-        while True:
-            try:
-                item = pickle.loads(self._rqueue.get(block=True, timeout=0.2))
-            except Empty:
-                done, _ = self._ray.wait(self._ray_runs, num_returns=1, timeout=0)
-                if done:
-                    try:
-                        item = pickle.loads(self._rqueue.get(block=True, timeout=1.0))
-                    except Empty:
-                        self._ray.get(done[0])          # raises the Ray error if the actor died
-                        raise ActorError("a Ray actor stopped without reporting an error") from None
-                elif time.monotonic() > deadline:
-                    raise TimeoutError(self._timeout_message(n, got)) from None
-                else:
-                    continue
-            if item[0] == "error":
-                raise ActorError(f"actor {item[1]} raised an exception; its traceback:\n{item[2]}")
-            return item
 
     # ---- measurements ----------------------------------------------------------------------
     def lag_histogram(self) -> Tensor:
@@ -709,6 +1056,8 @@ class ActorPool:
         state = "closed" if self._closed else ("running" if self._started else "not started")
         return (f"ActorPool(backend={self.backend!r}, n_actors={self.n_actors}, version={self.version}, "
                 f"consumed={self.consumed}, dropped={len(self.dropped)}, {state})")
+
+
 
 
 # The tiny LLM's actor pieces moved to rlkit.llm.actors (rlkit 0.3): this module knows nothing about

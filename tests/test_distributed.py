@@ -101,6 +101,7 @@ def test_simulated_nothing_lost_or_duplicated_and_max_lag_drops():
         seqs = sorted(s.seq for s in got + dropped if s.actor == a)
         assert seqs == list(range(len(seqs)))                 # no gap, no duplicate
     assert len(hist) == 3 and int(hist.sum()) == 160
+    assert pool.lost == []
 
 
 def test_simulated_without_lags_is_the_in_process_loop():
@@ -183,6 +184,7 @@ def test_process_backend_smoke():
         kept = len(pool._pending)
         got += pool.get(kept + 1)                                # what arrived before the timeout is not lost
         procs = list(pool._procs)
+        assert pool.lost == []
     assert len(got) == 37 + kept
     for s in got:
         assert s.payload["version_from_weights"] == s.version    # the version tag is the weights used
@@ -200,12 +202,17 @@ def test_process_backend_smoke():
 
 def test_process_actor_exception_reaches_the_learner():
     sample_fn = functools.partial(toy_sample, fail_at=2)
-    with pytest.raises(ActorError, match="toy sampler failed on request 2") as info:
-        with ActorPool(toy_model, sample_fn, n_actors=1, backend="process", timeout=60) as pool:
-            pool.publish(weights_of(0), 0)
-            procs = pool._procs
+    with ActorPool(toy_model, sample_fn, n_actors=1, backend="process", timeout=60) as pool:
+        pool.publish(weights_of(0), 0)
+        procs = pool._procs
+        with pytest.raises(ActorError, match="toy sampler failed on request 2") as info:
             pool.get(10)
+        kept = [(item[0], item[1]) for item in pool._pending]     # seq 0 and 1 arrived whole: kept, not lost
+        with pytest.raises(ActorError, match="toy sampler failed on request 2"):
+            pool.get(3)                                          # the failure is not forgotten
+        assert [(s.actor, s.seq) for s in pool.get(2)] == [(0, 0), (0, 1)]
     assert "Traceback" in str(info.value) and "toy_sample" in str(info.value)
+    assert kept == [(0, 0), (0, 1)]
     assert all(not p.is_alive() for p in procs)
 
 
