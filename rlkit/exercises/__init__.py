@@ -418,10 +418,13 @@ def _first_failure(student_fn: Callable, ex: Exercise, cases: list[Case]) -> tup
 def check(student_fn: Callable, name: str | None = None, verbose: bool = True) -> CheckResult:
     """Check a student's function against the exercise of the same name (or ``name``).
 
-    Refuses a non-callable (``TypeError``). Runs the student's function and the reference on every
-    case, stops at the first case that differs (or at a signature that cannot take the cases'
-    arguments), and reports what differs and its likely cause. Prints the report when ``verbose``
-    and returns a :class:`CheckResult` (truthy iff every case matched).
+    Refuses a non-callable (``TypeError``) and a name no exercise is registered under
+    (:class:`UnknownExerciseError`, a ``ValueError``). Runs the student's function and the
+    reference on every case, stops at the first case that differs (or at a signature that cannot
+    take the cases' arguments), and reports what differs and its likely cause, a floating-point
+    output of another dtype than the reference's included (unless the exercise leaves it open).
+    Prints the report when ``verbose`` and returns a :class:`CheckResult` (truthy iff every case
+    matched).
     """
     V.is_callable(student_fn, "student_fn (your function)")
     if name is None:
@@ -474,7 +477,7 @@ def self_check(name: str) -> list[str]:
 
     For authors and the test suite: the reference passes its own checker; every registered
     mistake differs from the reference on some case, fails the check, and is diagnosed with its
-    own cause.
+    own cause. An unknown ``name`` raises :class:`UnknownExerciseError`.
     """
     ex = get(name)
     problems = []

@@ -60,7 +60,8 @@ class _Worker:
         env = dict(os.environ)   # the child imports the same rlkit as this process
         root = str(Path(rlkit.__file__).resolve().parents[1])
         env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, start_new_session=os.name == "posix")
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env,
+                                     start_new_session=os.name == "posix")
         self.events: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 

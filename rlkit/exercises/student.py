@@ -10,7 +10,8 @@ writes a copy of every chapter notebook to ``OUT/`` with two kinds of content re
   fence of three or more backticks, tildes or colons, indented at most three spaces, whose info
   string starts with ``{solution}`` (spaces before the brace allowed, the name in any case). It
   ends at the first closing fence, as in CommonMark: the same character, at least as long as the
-  opening one, indented at most three spaces, followed by nothing but spaces or tabs. The cell's
+  opening one, indented at most three spaces, followed by nothing but spaces or tabs (a block shown
+  as an example inside another code block is removed too). The cell's
   attachments that its remaining text no longer references (a solution's images) are dropped. A
   block that is never closed is an error, and so is a ``{solution}`` fence inside a quote or a list
   item, or indented four spaces or more (move it to the top level of the cell);
