@@ -52,7 +52,7 @@ KERNELS: dict[str, dict[str, str | None]] = {
 
 
 def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``; elsewhere what Python's ``platform`` module knows): which kernels ran."""
+    """The CPU's model name (``/proc/cpuinfo``; elsewhere Python's ``platform`` module): which kernels ran."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
