@@ -551,7 +551,16 @@ def left_padded(mask: Tensor, name: str) -> Tensor:
     return mask
 
 
-def layout(spec: str, sizes: dict | None = None, *, floating: bool = False, **tensors) -> dict:
+class Sizes(dict):
+    """The sizes :func:`layout` returns: a dict of dimension sizes that also remembers, in ``source``,
+    which argument fixed each one, so a later call's error names both tensors."""
+
+    def __init__(self, sizes=(), source=None):
+        super().__init__(sizes)
+        self.source = dict(source or {})
+
+
+def layout(spec: str, sizes: dict | None = None, *, floating: bool = False, **tensors) -> Sizes:
     """Check tensors (passed as ``name=tensor``) against named dimensions; return the sizes.
 
     ``spec`` names the dimensions, e.g. ``"B T"`` or ``"... S A"``: a leading ``...`` stands for any
@@ -567,8 +576,9 @@ def layout(spec: str, sizes: dict | None = None, *, floating: bool = False, **te
     names = spec.split()
     batch = bool(names) and names[0] == "..."
     dims = names[1:] if batch else names
-    sizes = dict(sizes or {})
-    source = dict.fromkeys(sizes, "an earlier argument")
+    known = getattr(sizes, "source", {})
+    sizes = Sizes(sizes or {})
+    source = {d: known.get(d, "an earlier argument") for d in sizes}
     shown = "[" + ", ".join(names) + "]"
     for name, x in tensors.items():
         if floating:
@@ -587,6 +597,7 @@ def layout(spec: str, sizes: dict | None = None, *, floating: bool = False, **te
                 what = "the leading dimensions" if d == "..." else d
                 raise ValueError(f"{name} has shape {shape}, which does not fit {shown}: {what} must be "
                                  f"{sizes[d]} (as in {source[d]}), got {size} (rlkit never broadcasts silently)")
+    sizes.source = source
     return sizes
 
 

@@ -56,20 +56,8 @@ def mutations(x: torch.Tensor, nan: bool = False):
         yield "nan", y
 
 
-#: Cases where a shape error is found by a second ``rlkit._validate.layout`` call that is handed the sizes of an
-#: earlier one: its message names the later argument and says "(as in an earlier argument)" instead of naming
-#: the argument whose sizes it compares against. The fix belongs in ``layout`` (remember which argument set each
-#: size), a file outside this issue's scope; until it is made these cases are expected failures, and any other
-#: problem in the same case still fails the test.
-LAYOUT_SOURCE = {("score_sums", "obs"), ("FiniteMDP", "P"), ("contextual_bandit", "rho0"), ("step_kernel", "sigma"),
-                 ("sample_state_actions", "d"), ("token_mdp", "prompt_probs"), ("FiniteHorizonMDP", "P")}
-
-
 def assert_sweep_clean(name: str, problems: list[str]) -> None:
-    known = [p for p in problems if (name, p.split("=")[0]) in LAYOUT_SOURCE and "as in an earlier argument" in p]
-    assert [p for p in problems if p not in known] == []
-    if known:
-        pytest.xfail(f"rlkit._validate.layout names 'an earlier argument': {known}")
+    assert problems == [], name
 
 
 def sweep(fn, args: dict, valid: dict = (), nan: bool = False) -> list[str]:
@@ -663,3 +651,12 @@ def test_group_mixture_names_a_generator_that_returns_no_problem():
         task.problems(1)
     pair = group_mixture({"a": lambda rng: ("1+2=", "3")}, {"a": 1.0}).problems(1, split="all")[0]
     assert (pair.prompt, pair.answer, pair.info["group"]) == ("1+2=", "3", "a")
+
+
+def test_layout_names_the_argument_an_earlier_call_took_a_size_from():
+    from rlkit import _validate as V
+    sizes = V.layout("B T", logp=torch.zeros(2, 3))
+    with pytest.raises(ValueError, match=r"mask has shape \(2, 4\).*T must be 3 \(as in logp\)"):
+        V.layout("B T", sizes, mask=torch.zeros(2, 4))
+    with pytest.raises(ValueError, match=r"as in an earlier argument"):      # a plain dict carries no names
+        V.layout("B T", {"B": 2, "T": 3}, mask=torch.zeros(2, 4))

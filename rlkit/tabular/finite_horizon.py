@@ -155,7 +155,7 @@ def token_mdp(prompt_probs: Tensor, R: Tensor) -> FiniteHorizonMDP:
     prompt_probs = V.float_tensor(prompt_probs, "prompt_probs", min_dim=1)
     R = V.float_tensor(R, "R", min_dim=3)
     sizes = V.layout("... X", prompt_probs=prompt_probs)
-    V.layout("... H S A", {"...": sizes["..."]}, R=R)
+    V.layout("... H S A", sizes, R=R)
     V.distribution(prompt_probs, "prompt_probs", "a distribution over prompts")
     H, S, Vo = R.shape[-3], R.shape[-2], R.shape[-1]
     X = prompt_probs.shape[-1]
