@@ -150,7 +150,7 @@ def test_layout_validator_binds_named_dimensions():
         V.layout("N T", weights=torch.zeros(2, 3, 1))
     batch = V.layout("... S A", pi=torch.zeros(5, 2, 3, 4))
     assert batch["..."] == (5, 2)
-    with pytest.raises(ValueError, match=r"the leading dimensions must be \(5, 2\) \(as in an earlier argument\)"):
+    with pytest.raises(ValueError, match=r"the leading dimensions must be \(5, 2\) \(as in pi\)"):
         V.layout("... S", batch, d=torch.zeros(5, 3))
     with pytest.raises(ValueError, match="S must be 2 .as in P."):
         V.layout("S A S", P=torch.zeros(2, 3, 4))
