@@ -42,7 +42,8 @@ The contract, the same for every backend:
   (``pool.lost``) sequence numbers are 0, 1, 2, ... in order;
 * staleness is bounded with :func:`rlkit.staleness.version_window`: with ``max_lag`` set, a sample
   whose lag exceeds it is dropped at consumption (counted in ``pool.dropped``); the
-  bounded queue (``queue_size``) makes actors block instead of running far ahead of the learner;
+  bound ``queue_size`` on the samples in flight makes actors block instead of running far ahead of
+  the learner;
 * :meth:`ActorPool.lag_histogram` counts the lag :math:`\ell` of every consumed sample;
 * every wait is bounded: :meth:`ActorPool.get` returns, raises ``TimeoutError`` or raises
   :class:`ActorError` within its ``timeout`` whatever an actor does (``"process"``: it hangs, dies
@@ -137,7 +138,12 @@ class Sampled:
 
 
 class ActorError(RuntimeError):
-    """An actor failed; the message carries the actor's own traceback. Chapter: 16_offpolicy_multistep."""
+    """An actor failed, or a sample was lost. Chapter: 16_offpolicy_multistep.
+
+    The message names the actor: with its own traceback if it raised, with its exit code if it
+    stopped (the pool is then broken), with the sample's sequence number if one sample was lost
+    (recorded in ``ActorPool.lost``; the pool goes on).
+    """
 
 
 def _tensor_from_numpy(a: np.ndarray) -> Tensor:
@@ -984,8 +990,9 @@ class ActorPool:
         Each returned :class:`Sampled` has ``lag`` = ``pool.version - sample.version``
         (the lag :math:`\ell`). Raises ``TimeoutError`` if ``n`` samples did not arrive within
         ``timeout`` seconds (default: the pool's ``timeout``), whatever the actors do (hang, die, drop
-        every sample for its lag); the samples that did arrive are not lost: the next ``get`` returns
-        them first. Raises :class:`ActorError`:
+        every sample for its lag; ``"simulated"`` runs ``sample_fn`` in the learner's process, and the
+        clock is read between calls); the samples that did arrive are not lost: the next ``get``
+        returns them first. Raises :class:`ActorError`:
 
         * when an actor raised (with the actor's traceback) or stopped (``"process"``: naming its
           index and exit code, also while other actors still deliver); the pool is then broken and
