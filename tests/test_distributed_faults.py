@@ -239,7 +239,7 @@ def scenario_dead_among_live(tmp: str, res: dict) -> None:
         os.kill(pids[1], signal.SIGKILL)
         res["stage"] = "gets after the kill"
         t0, err = time.monotonic(), None
-        while time.monotonic() - t0 < 6:        # a slow learner: the survivor never lets the queue run dry
+        while time.monotonic() - t0 < 10:       # a slow learner: the survivor never lets the queue run dry
             time.sleep(0.05)
             try:
                 got += pool.get(1, timeout=10)
@@ -450,7 +450,7 @@ def test_a_dead_actor_among_live_ones_is_reported(tmp_path):
     res = run_scenario("dead_among_live", tmp_path)
     assert res["error"] is not None, "the dead actor was never reported"
     assert "actor 1 (exit code -9)" in res["error"], res["error"]
-    assert res["error_s"] < 5
+    assert res["error_s"] < 8                          # 0.2: nothing in 10 s
     assert res["again"].startswith("ActorError") and "actor 1" in res["again"]
     keys = [tuple(k) for k in res["keys"]]
     assert len(set(keys)) == len(keys)                 # nothing duplicated
