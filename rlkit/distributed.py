@@ -890,7 +890,7 @@ class ActorPool:
         self._template: dict[str, Tensor] | None = None
         self._started = self._closed = False
         self._backend = None                      # _SimulatedBackend, _ProcessBackend or _RayBackend
-        self._finalizer = None                    # weakref.finalize(self, backend.close)
+        self._finalizer = None                    # weakref.finalize(self, backend.close): real backends
         self._pending: list[tuple] = []           # samples received by a get that did not finish
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -924,7 +924,10 @@ class ActorPool:
         else:
             backend = _RayBackend(self.address, self.ray_init, self.queue_size, self.timeout, self.lost)
         self._backend = backend
-        self._finalizer = weakref.finalize(self, backend.close)     # the backend does not refer to the pool
+        # Actors to stop even if close() is never called. The backend does not refer to the pool; the simulated
+        # one has nothing to stop, and it holds sample_fn, which might refer to the pool and keep it alive.
+        if self.backend != "simulated":
+            self._finalizer = weakref.finalize(self, backend.close)
         try:
             backend.start(self.n_actors, self.seed, self.make_model, self.sample_fn)
         except BaseException:
@@ -947,7 +950,9 @@ class ActorPool:
             return
         self._closed = True
         if self._finalizer is not None:
-            self._finalizer()
+            self._finalizer()                 # runs backend.close once (also at garbage collection)
+        elif self._backend is not None:
+            self._backend.close()
 
     # ---- learner side ----------------------------------------------------------------------
     def _check_running(self, what: str) -> None:
