@@ -48,6 +48,9 @@ __all__ = ["DROResult", "kl_dual", "kl_dro", "chi2_dro", "cvar", "tv_dro", "wass
 
 Tensor = torch.Tensor
 _ITERS = 200
+_BISECT_MAX = 2200      # halvings of a float64 interval until its ends are adjacent floats: at most ~2100
+_F64 = torch.finfo(torch.float64)
+_LOG_TAU = (math.log(_F64.tiny) + 1.0, math.log(_F64.max) - 1.0)    # log of the KL multiplier stays in here
 
 
 class DROResult(NamedTuple):
@@ -77,6 +80,8 @@ def _values_and_base(values, p, name="values", finite_off_support=False):
     if p is None:
         p64 = torch.full((n,), 1.0 / n, dtype=torch.float64, device=values.device)
     else:
+        V.float_tensor(p, "p")
+        V.layout("n", **{name: values, "p": p})       # a length mismatch names both
         V.distribution(p, "p", "the base distribution over the points of " + name, shape=(n,))
         V.same_kind(p, "p", values, name)
         p64 = p.detach().to(torch.float64).clamp_min(0.0)
@@ -166,12 +171,17 @@ def kl_dro(values: Tensor, eps: float, p: Tensor | None = None) -> DROResult:
     if eps >= -math.log(float(pp[at_min].sum())) - 1e-12:
         q = torch.where(at_min, pp, torch.zeros_like(pp))
         return _out(v, q / q.sum(), values, 0.0)
-    span = vmax - vmin
-    lo, hi = math.log(span * 1e-6), math.log(span * 1e6)     # KL(q_tau) > eps at lo, < eps at hi
-    while _kl(_tilt(v, pp, support, math.exp(lo)), pp) < eps:
-        lo -= 5.0
-    while _kl(_tilt(v, pp, support, math.exp(hi)), pp) > eps:
-        hi += 5.0
+    span = vmax - vmin                                       # may be inf for values near +-1.8e308
+    lo_end, hi_end = _LOG_TAU
+
+    def log_of(x):
+        return lo_end if x <= 0.0 else hi_end if x == math.inf else min(max(math.log(x), lo_end), hi_end)
+
+    lo, hi = log_of(span * 1e-6), log_of(span * 1e6)         # KL(q_tau) > eps at lo, < eps at hi
+    while lo > lo_end and _kl(_tilt(v, pp, support, math.exp(lo)), pp) < eps:
+        lo = max(lo - 5.0, lo_end)                           # (a multiplier below e*tiny: bisect from there)
+    while hi < hi_end and _kl(_tilt(v, pp, support, math.exp(hi)), pp) > eps:
+        hi = min(hi + 5.0, hi_end)
     for _ in range(_ITERS):
         mid = 0.5 * (lo + hi)
         if _kl(_tilt(v, pp, support, math.exp(mid)), pp) > eps:
@@ -232,6 +242,8 @@ def chi2_dro(values: Tensor, rho: float, p: Tensor | None = None) -> DROResult:
         return 0.5 * float((pp * (r - 1.0) ** 2).sum())
 
     c_free = mean + math.sqrt(var / (2.0 * rho))
+    if c_free == math.inf:                                    # a radius so small that the weights are p
+        return _out(v, pp, values, c_free)
     if c_free >= vmax:
         return _out(v, weights(c_free), values, c_free)
     lo, hi = vmin, vmax                                       # div(lo+) > rho >= div(hi)
@@ -342,8 +354,12 @@ def wasserstein_dro(values: Tensor, cost: Tensor, eps: float, p: Tensor) -> DROR
     Args:
         values: ``[m]`` finite floats.
         cost: ``[n, m]`` finite costs ``>= 0``.
-        eps: the budget (radius) :math:`\delta \ge 0`; it must be at least :math:`\sum_i p_i\min_j C_{ij}`
-            (the cheapest plan).
+        eps: the budget (radius) :math:`\delta \ge 0`, finite; it must be at least
+            :math:`\sum_i p_i\min_j C_{ij}` (the cheapest plan), up to a slack of 1e-12, inside which it
+            counts as that cost (the cheapest plan is returned: each source moved to its cheapest target of
+            lowest value). When the kink of the dual lies beyond :math:`\nu = 10^{300}/(1+\max C)`, where
+            :math:`\nu C` could overflow, the plan mixes the best response there with the limit
+            :math:`\nu\to\infty` (the cheapest plan) to spend :math:`\delta`, and ``param`` is inf.
         p: ``[n]`` base distribution.
 
     Returns:
@@ -381,29 +397,43 @@ def wasserstein_dro(values: Tensor, cost: Tensor, eps: float, p: Tensor) -> DROR
     def spend(plan):
         return float((plan * C).sum())
 
-    cheapest = float((pp * C.min(1).values).sum())
+    # the limit nu -> inf: every source moves to its cheapest targets, the lowest value among them
+    cmin = C.min(1, keepdim=True).values
+    j = torch.where(C <= cmin, v[None, :].expand_as(C), torch.full_like(C, math.inf)).argmin(1)
+    cheap = torch.zeros_like(C)
+    cheap[torch.arange(C.shape[0]), j] = pp
+    cheapest = float((pp * cmin[:, 0]).sum())
     if eps < cheapest - 1e-12:
         raise ValueError(f"eps ({eps}) is below the cost of the cheapest plan ({cheapest:.6g}): the Wasserstein "
                          f"ball around p is empty")
+    floor = max(eps, spend(cheap))     # no plan spends less than the cheapest: an eps in the slack counts as it
     plan0 = best(0.0, True)
-    if spend(plan0) <= eps:                                   # nu* = 0: everyone goes to the minimum
+    if spend(plan0) <= floor:                                 # nu* = 0: everyone goes to the minimum
         return _out(v, plan0.sum(0), values, 0.0, plan0.to(values.dtype))
     gaps = C.max() - C.min()
-    hi = float((v.max() - v.min()) / max(float(gaps), 1e-300)) + 1.0
-    while spend(best(hi, True)) > eps:
-        hi *= 2.0
-    lo = 0.0
-    for _ in range(_ITERS):
-        mid = 0.5 * (lo + hi)
-        if spend(best(mid, True)) > eps:
-            lo = mid
-        else:
-            hi = mid
-    a, b = best(lo, True), best(hi, True)                     # spends more / at most eps
+    hi_end = 1e300 / (1.0 + float(C.max()))                   # beyond it nu * C could overflow
+    hi = min(float((v.max() - v.min()) / max(float(gaps), 1e-300)) + 1.0, hi_end)
+    beyond = False                                            # the kink lies beyond hi_end
+    while not beyond and spend(best(hi, True)) > floor:
+        beyond = 2.0 * hi > hi_end
+        hi = hi if beyond else 2.0 * hi
+    if beyond:                                                # mix best(hi_end) with the limit nu -> inf
+        a, b, param = best(hi, True), cheap, math.inf
+    else:
+        lo = 0.0
+        for it in range(_BISECT_MAX):   # _ITERS halvings, more while lo = 0, never past adjacent floats
+            mid = 0.5 * (lo + hi)
+            if not lo < mid < hi or (it >= _ITERS and lo > 0.0):
+                break
+            if spend(best(mid, True)) > floor:
+                lo = mid
+            else:
+                hi = mid
+        a, b, param = best(lo, True), best(hi, True), hi      # spends more / at most eps
     ca, cb = spend(a), spend(b)
     theta = 0.0 if ca <= cb else min(1.0, max(0.0, (eps - cb) / (ca - cb)))
     plan = theta * a + (1.0 - theta) * b
-    return _out(v, plan.sum(0), values, hi, plan.to(values.dtype))
+    return _out(v, plan.sum(0), values, param, plan.to(values.dtype))
 
 
 def group_dro_step(q: Tensor, values: Tensor, step_size: float, counts: Tensor | None = None,
@@ -421,11 +451,16 @@ def group_dro_step(q: Tensor, values: Tensor, step_size: float, counts: Tensor |
     optional generalisation adjustment :math:`C/\sqrt{n_g}` (``adj``, with ``counts`` :math:`n_g`)
     that treats small groups as worse than they look. The step is a KL tilt of the previous weights
     (:func:`kl_dro` with :math:`\nu = 1/\eta`). A group whose value is NaN (absent from the batch)
-    keeps its weight; the measured groups share the rest, so only they move.
+    keeps its weight; the measured groups share the rest, so only they move. An infinite value is a
+    measurement, and gets the formula's limit: a group at :math:`-\infty` is infinitely worse than
+    every finite one, so the groups at :math:`-\infty` take all the measured mass (shared in
+    proportion to :math:`q`), and a group at :math:`+\infty` gets weight 0 unless every measured
+    group is at :math:`+\infty` (then they are tied and keep their shares).
 
     Args:
         q: ``[G]`` current weights (a distribution).
-        values: ``[G]`` values per group; NaN marks a group not measured this step.
+        values: ``[G]`` values per group; NaN marks a group not measured this step, ``-inf`` and ``+inf``
+            are measurements (see above).
         step_size: :math:`\eta > 0`.
         counts: ``[G]`` group sizes :math:`n_g > 0` (needed when ``adj > 0``).
         adj: :math:`C \ge 0`.
@@ -439,7 +474,7 @@ def group_dro_step(q: Tensor, values: Tensor, step_size: float, counts: Tensor |
     step_size = V.real_in(step_size, "step_size", 0.0, lo_open=True)
     adj = V.real_in(adj, "adj", 0.0)
     v = values.detach().double()
-    measured = torch.isfinite(v)
+    measured = ~torch.isnan(v)
     if adj > 0:
         if counts is None:
             raise ValueError("adj > 0 needs counts (the size n_g of each group)")
@@ -454,7 +489,15 @@ def group_dro_step(q: Tensor, values: Tensor, step_size: float, counts: Tensor |
     if float(mass) <= 0:
         return q.detach().clone()
     vm = v[measured]
-    logits = torch.log(q64[measured].clamp_min(1e-300)) - step_size * (vm - vm.min())
+    logq = torch.log(q64[measured].clamp_min(1e-300))
+    ninf = torch.full_like(vm, -math.inf)
+    if bool(torch.isneginf(vm).any()):                        # the limit: all the mass on the groups at -inf
+        logits = torch.where(torch.isneginf(vm), logq, ninf)
+    elif bool(torch.isinf(vm).all()):                         # every measured group at +inf: tied
+        logits = logq
+    else:                                                     # a group at +inf gets weight 0
+        finite = torch.isfinite(vm)
+        logits = torch.where(finite, logq - step_size * (vm - vm[finite].min()), ninf)
     new = q64.clone()
     new[measured] = mass * torch.softmax(logits, 0)
     return new.to(q.dtype)
