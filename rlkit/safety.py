@@ -74,6 +74,7 @@ __all__ = [
 
 #: The update rules of :class:`LagrangeMultiplier`.
 LAMBDA_OPTIMIZERS = ("sgd", "adam")
+_BISECT_MAX = 2200      # halvings of a float64 interval until its ends are adjacent floats: at most ~2100
 
 
 def _max_value(max_value, name="max_value") -> float:
@@ -268,6 +269,7 @@ def lagrangian_advantages(adv_reward: torch.Tensor, adv_cost: torch.Tensor, lam,
         a tensor shaped like ``adv_reward``. Chapter: 18_safety_constraints.
     """
     V.float_tensor(adv_reward, "adv_reward", min_dim=0)
+    V.float_tensor(adv_cost, "adv_cost", min_dim=0)
     V.same_layout(adv_reward, "adv_reward", adv_cost, "adv_cost")
     lam = V.real_in(lam, "lam", 0.0)
     V.choice(scale, "scale", ("one_plus_lambda", "none"))
@@ -286,6 +288,8 @@ def _bandit(ref_probs, reward, cost, weights):
     V.distribution(ref_probs, "ref_probs", "over the responses of each prompt", min_dim=2)
     if ref_probs.dim() != 2 or ref_probs.shape[0] == 0:
         raise ValueError(f"ref_probs must have shape [prompts N >= 1, responses K], got {tuple(ref_probs.shape)}")
+    V.float_tensor(reward, "reward")
+    V.float_tensor(cost, "cost")
     V.same_layout(ref_probs, "ref_probs", reward, "reward")
     V.same_layout(ref_probs, "ref_probs", cost, "cost")
     V.tensor_in(reward, "reward")
@@ -406,12 +410,14 @@ def constrained_optimum(ref_probs: torch.Tensor, reward: torch.Tensor, cost: tor
     The optimum is :math:`\pi_{\nu^\star}` (:func:`tilted_policy`) with :math:`\nu^\star = 0` if
     :math:`J_C(\pi_0) \le C_{\max}` (the constraint is slack), else the root of
     :math:`J_C(\pi_\nu) = C_{\max}`, found by bisection (:math:`J_C(\pi_\nu)` is continuous and
-    non-increasing in :math:`\nu`) to ``tol`` in :math:`\nu`. These are the KKT conditions:
+    non-increasing in :math:`\nu`) to ``tol`` in :math:`\nu` (relative to :math:`\max(1, \nu)`), or until
+    the bracket's ends are adjacent floats, whichever comes first (``tol=0``: to full float precision).
+    These are the KKT conditions:
     :math:`\nu^\star \ge 0`, :math:`J_C \le C_{\max}`, :math:`\nu^\star (J_C - C_{\max}) = 0`.
 
     Args:
         ref_probs: ``[N, K]`` distributions; reward, cost: ``[N, K]``; budget: the cost budget :math:`C_{\max}`;
-        beta: :math:`\beta > 0`; weights: ``[N]`` or None (uniform); tol: ``> 0``.
+        beta: :math:`\beta > 0`; weights: ``[N]`` or None (uniform); tol: a finite number ``>= 0``.
 
     Returns:
         a :class:`ConstrainedOptimum`. A budget below the least cost any policy with the reference's
@@ -423,7 +429,7 @@ def constrained_optimum(ref_probs: torch.Tensor, reward: torch.Tensor, cost: tor
     w = _bandit(ref_probs, reward, cost, weights)
     budget = V.real_in(budget, "budget")
     beta = V.real_in(beta, "beta", 0.0, lo_open=True)
-    tol = V.real_in(tol, "tol", 0.0, lo_open=True)
+    tol = V.real_in(tol, "tol", 0.0)
 
     def cost_at(lam):
         p = torch.softmax(_tilt_logits(ref_probs, reward, cost, lam, beta), dim=-1)
@@ -453,8 +459,10 @@ def constrained_optimum(ref_probs: torch.Tensor, reward: torch.Tensor, cost: tor
             if hi > 1e12:
                 raise ValueError(f"budget {budget}: no multiplier nu below 1e12 reaches it "
                                  f"(least cost {floor:.6g})")
-        while hi - lo > tol * max(1.0, hi):
+        for _ in range(_BISECT_MAX):                     # ends when lo and hi are adjacent floats at the latest
             mid = 0.5 * (lo + hi)
+            if hi - lo <= tol * max(1.0, hi) or not lo < mid < hi:
+                break
             lo, hi = (mid, hi) if cost_at(mid) > budget else (lo, mid)
         lam = hi
     probs = torch.softmax(_tilt_logits(ref_probs, reward, cost, lam, beta), dim=-1)

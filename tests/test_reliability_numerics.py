@@ -225,3 +225,58 @@ def test_dro_bisections_terminate_at_extreme_inputs():
         print("ok")
     """, 30)
     assert out.strip() == "ok"
+
+
+# --------------------------------------------------------------------------------- safety (ch. 18)
+
+def test_constrained_optimum_terminates_at_any_tolerance():
+    # the review's H1: tol < 1e-15 never returned (mid became lo or hi once they were adjacent floats)
+    out = _finishes("""
+        import math, time, torch
+        from rlkit.safety import constrained_optimum, dual_function, tilted_policy
+        for dtype in (torch.float64, torch.float32):
+            g = torch.Generator().manual_seed(0)
+            ref = torch.softmax(torch.randn(3, 5, generator=g, dtype=torch.float64), -1).to(dtype)
+            reward = torch.randn(3, 5, generator=g, dtype=torch.float64).to(dtype)
+            cost = torch.rand(3, 5, generator=g, dtype=torch.float64).to(dtype)
+            free = float((ref * cost).sum(-1).mean())
+            budget = 0.8 * free
+            for tol in (1e-16, 1e-300, 0.0, 1e-10):     # 1e-16 first: it hung in rlkit 0.2
+                t = time.perf_counter()
+                res = constrained_optimum(ref, reward, cost, budget, 0.3, tol=tol)
+                assert time.perf_counter() - t < 1.0, (dtype, tol)
+                prec = torch.finfo(dtype).eps * 16
+                slack = max(prec, 1e-9 if tol > 1e-16 else 0.0)     # what the bisection's tol leaves
+                # KKT: nu > 0 (the constraint binds), feasible, complementary slackness, primal = dual
+                assert res.lam > 0 and res.cost <= budget + prec, (dtype, tol, res.cost, budget)
+                assert res.lam * abs(res.cost - budget) <= slack * max(1, res.lam), (tol, res)
+                assert abs(res.objective - res.dual) <= slack * max(1, abs(res.dual)), (tol, res)
+                # stationarity: the policy is the tilt at nu*; nu* minimises the dual (a brute-force check)
+                assert torch.allclose(res.probs, tilted_policy(ref, reward, cost, res.lam, 0.3))
+                grid = [res.lam * (1 + d) for d in (-1e-3, -1e-6, 1e-6, 1e-3)]
+                assert all(dual_function(x, ref, reward, cost, budget, 0.3) >= res.dual - prec for x in grid)
+        print("ok")
+    """, 30)
+    assert out.strip() == "ok"
+
+
+def test_safety_tensor_arguments_given_as_lists_raise_type_errors_naming_them():
+    from rlkit import safety
+    ref = torch.full((2, 3), 1 / 3, dtype=D)
+    r, c = torch.rand(2, 3, dtype=D), torch.rand(2, 3, dtype=D)
+    with pytest.raises(TypeError, match="adv_cost"):
+        safety.lagrangian_advantages(torch.ones(3), [1.0, 2.0, 3.0], 1.0)
+    for name in ("reward", "cost"):
+        kw = dict(ref_probs=ref, reward=r, cost=c)
+        kw[name] = kw[name].tolist()
+        with pytest.raises(TypeError, match=name):
+            safety.tilted_policy(**kw, lam=1.0, beta=1.0)
+        with pytest.raises(TypeError, match=name):
+            safety.policy_values(ref, **kw)
+        with pytest.raises(TypeError, match=name):
+            safety.dual_function(1.0, **kw, budget=0.5, beta=1.0)
+        with pytest.raises(TypeError, match=name):
+            safety.constrained_optimum(**kw, budget=0.5, beta=1.0)
+        with pytest.raises(TypeError, match=name):
+            safety.lagrangian_dynamics(**kw, multiplier=safety.LagrangeMultiplier(0.5, 0.1), beta=1.0, steps=1,
+                                       policy_lr=0.1)
