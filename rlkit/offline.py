@@ -90,12 +90,14 @@ def awr_weights(advantages: Tensor, beta: float = 1.0, max_weight: float = 100.0
     (IQL writes :math:`e^{\beta_{\rm IQL} A}` with :math:`\beta_{\rm IQL} = 1/\beta`; CORL clips at
     :math:`w_{\max} = 100`). :math:`\beta \to \infty` gives behaviour cloning (all weights 1), small
     :math:`\beta` keeps only the best logged actions. The weight is computed as
-    ``exp(min(A / beta, log w_max))``, so it never overflows.
+    ``exp(min(A / beta, log w_max, L))`` with :math:`L` just below the log of the dtype's largest finite
+    number (88.72 in float32, 709.78 in float64), so it never overflows, even with ``max_weight=inf``
+    or a ``max_weight`` beyond the dtype's range: there the weights saturate at about ``finfo.max``.
 
     Args:
         advantages: ``[...]`` floating tensor :math:`A` (treated as a constant: no gradient).
         beta: the temperature :math:`\beta > 0`.
-        max_weight: :math:`w_{\max} > 0`, or ``math.inf`` for no clip.
+        max_weight: :math:`w_{\max} > 0`, or ``math.inf`` for no clip but the dtype's range.
         mask: optional bool / 0-1 tensor of ``advantages``' shape; masked entries get weight 0.
 
     Returns: ``[...]`` weights, detached, finite.
@@ -104,15 +106,16 @@ def awr_weights(advantages: Tensor, beta: float = 1.0, max_weight: float = 100.0
     """
     V.float_tensor(advantages, "advantages", min_dim=0)
     beta = V.real_in(beta, "beta", 0.0, lo_open=True)
-    if not (isinstance(max_weight, (int, float)) and max_weight == math.inf):
-        max_weight = V.real_in(max_weight, "max_weight", 0.0, lo_open=True)
+    max_weight = V.real_in(max_weight, "max_weight", 0.0, lo_open=True, allow_inf=True)
     m = V.check_mask(mask, advantages, "advantages", as_bool=True)
     a = advantages.detach()
     zero = torch.zeros((), dtype=a.dtype, device=a.device)
     if m is not None:
         a = torch.where(m, a, zero)
     V.tensor_in(a, "advantages (at real entries)")
-    w = torch.exp(torch.clamp(a / beta, max=math.log(max_weight)))     # log(inf) = inf: no clip
+    info = torch.finfo(a.dtype)
+    top = math.log(info.max) * (1.0 - 4.0 * info.eps)                  # its exp is finite once rounded to the dtype
+    w = torch.exp(torch.clamp(a / beta, max=min(math.log(max_weight), top)))
     return w if m is None else torch.where(m, w, zero)
 
 
@@ -140,7 +143,13 @@ def cql_penalty(q_values: Tensor, actions: Tensor, mask: Tensor | None = None, t
     Chapter: 21_offline_rl_ope.
     """
     V.has_categories(q_values, "q_values")
-    V.index_tensor(actions, "actions", shape=tuple(q_values.shape[:-1]), n=q_values.shape[-1])
+    n_act = q_values.shape[-1]
+    V.index_tensor(actions, "actions", shape=tuple(q_values.shape[:-1]))
+    try:
+        V.index_tensor(actions, "actions", n=n_act)
+    except ValueError as e:          # an index one too large usually means q_values lacks an action
+        raise ValueError(f"{e}, but q_values has shape {tuple(q_values.shape)}, {n_act} actions along its last "
+                         f"dimension: q_values and actions disagree on the number of actions") from None
     temperature = V.real_in(temperature, "temperature", 0.0, lo_open=True)
     ref = q_values[..., 0]
     m = V.check_mask(mask, ref, "q_values[..., 0]", as_bool=True)

@@ -280,3 +280,30 @@ def test_safety_tensor_arguments_given_as_lists_raise_type_errors_naming_them():
         with pytest.raises(TypeError, match=name):
             safety.lagrangian_dynamics(**kw, multiplier=safety.LagrangeMultiplier(0.5, 0.1), beta=1.0, steps=1,
                                        policy_lr=0.1)
+
+
+# -------------------------------------------------------------------------------- offline (ch. 21)
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("max_weight", [math.inf, 1e300])
+def test_awr_weights_stay_finite_for_huge_advantages(dtype, max_weight):
+    from rlkit.offline import awr_weights
+    # the review's L1: awr_weights([100, 0], beta=1, max_weight=inf) gave [inf, 1]
+    a = torch.tensor([1e30, 1e4, 100.0, 0.05, 0.0, -1e4], dtype=dtype)
+    w = awr_weights(a, beta=1e-3, max_weight=max_weight)
+    assert bool(torch.isfinite(w).all()), w
+    top = torch.finfo(dtype).max
+    # inside the dtype's range the weight is exp(A / beta); beyond it, it saturates near finfo.max
+    assert float(w[3]) == pytest.approx(math.exp(50.0), rel=1e-5)
+    assert float(w[0]) == float(w[1]) == float(w[2]) and float(w[0]) == pytest.approx(min(max_weight, top), rel=1e-5)
+    assert float(w[4]) == 1.0 and float(w[5]) == 0.0
+    assert bool(torch.isfinite(awr_weights(torch.tensor([100.0, 0.0], dtype=dtype), 1.0, max_weight)).all())
+    # a finite max_weight inside the range still clips exactly there
+    assert float(awr_weights(a, beta=1e-3, max_weight=100.0)[0]) == pytest.approx(100.0, rel=1e-6)
+
+
+def test_cql_penalty_with_an_action_too_few_says_the_shapes_disagree():
+    from rlkit.offline import cql_penalty
+    q = torch.randn(4, 2)
+    with pytest.raises(ValueError, match="q_values.*disagree on the number of actions"):
+        cql_penalty(q, torch.tensor([0, 1, 2, 1]))
