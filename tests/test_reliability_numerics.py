@@ -295,7 +295,7 @@ def test_awr_weights_stay_finite_for_huge_advantages(dtype, max_weight):
     top = torch.finfo(dtype).max
     # inside the dtype's range the weight is exp(A / beta); beyond it, it saturates near finfo.max
     assert float(w[3]) == pytest.approx(math.exp(50.0), rel=1e-5)
-    assert float(w[0]) == float(w[1]) == float(w[2]) and float(w[0]) == pytest.approx(min(max_weight, top), rel=1e-5)
+    assert float(w[0]) == float(w[1]) == float(w[2]) and float(w[0]) == pytest.approx(min(max_weight, top), rel=1e-4)
     assert float(w[4]) == 1.0 and float(w[5]) == 0.0
     assert bool(torch.isfinite(awr_weights(torch.tensor([100.0, 0.0], dtype=dtype), 1.0, max_weight)).all())
     # a finite max_weight inside the range still clips exactly there
