@@ -86,6 +86,7 @@ import sys
 import time
 import traceback
 import weakref
+import zlib
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -217,9 +218,11 @@ def _actor_loop(actor: int, n_actors: int, seed: int, make_model, sample_fn, cha
 #
 # * Weights: one shared-memory tensor per state_dict entry and three shared int64 words written by the learner
 #   only (a seqlock): _SEQ is odd while the learner copies new weights in, _VERSION is their version, _STOP asks
-#   the actors to stop. An actor copies the weights into a private snapshot and keeps the copy only if _SEQ was
-#   even before the copy and unchanged after it (x86-64 orders these plain stores and loads; the copies are
-#   complete when torch's copy_ returns).
+#   the actors to stop, _DIGEST is a CRC-32 of the version and the weights. An actor copies the weights into a
+#   private snapshot and keeps the copy only if _SEQ was even before the copy and unchanged after it, AND the
+#   digest of (the version it read, its copy) equals _DIGEST. The seqlock alone would rely on the CPU's memory
+#   ordering (x86-64 keeps these plain stores and loads in order; ARM need not), so a copy torn by a publish is
+#   also caught by the digest, on any CPU: it costs one CRC pass over the weights per publish and per load.
 # * Samples: one pipe per actor, whose write end only that actor holds (the learner closes its copy), so the
 #   actor's death reads as end-of-file, also halfway through a message. The learner reads every pipe without
 #   blocking (a selector with a deadline) and checks the actors' exit codes while it waits. A message is a frame:
@@ -228,7 +231,15 @@ def _actor_loop(actor: int, n_actors: int, seed: int, make_model, sample_fn, cha
 # * Back-pressure: a credit pipe holds one byte per free place among queue_size samples in flight; an actor takes
 #   a byte before it sends a sample, the learner writes one when it takes a sample out of the pipes.
 
-_SEQ, _VERSION, _STOP = 0, 1, 2
+_SEQ, _VERSION, _STOP, _DIGEST = 0, 1, 2, 3
+
+
+def _digest(version: int, tensors) -> int:
+    """CRC-32 of ``version`` and the bytes of ``tensors`` (in order): what a consistent copy must reproduce."""
+    crc = zlib.crc32(struct.pack("<q", int(version)))
+    for t in tensors:
+        crc = zlib.crc32(t.detach().reshape(-1).view(torch.uint8).numpy(), crc)
+    return crc
 _FRAME = struct.Struct("<8s7q")
 _MAGIC = b"rlkit-AP"
 _OK, _ERROR = 0, 1
@@ -268,8 +279,9 @@ class _ProcessChannel:
             if before % 2 == 0:
                 for k, t in self.snapshot.items():
                     t.copy_(self.weights[k])
-                version = self.ctl[_VERSION]
-                if self.ctl[_SEQ] == before:                # no publish overlapped the copy
+                version, digest = self.ctl[_VERSION], self.ctl[_DIGEST]
+                if self.ctl[_SEQ] == before and _digest(version, self.snapshot.values()) == digest:
+                    # no publish overlapped the copy, and the copy is the one the learner published
                     model.load_state_dict(self.snapshot)
                     return int(version)
             time.sleep(0.0005)
@@ -349,8 +361,9 @@ class _ProcessBackend:
         import torch.multiprocessing as mp
         ctx = mp.get_context("spawn")
         self.weights = {k: v.clone().share_memory_() for k, v in self.template.items()}
-        self.ctl = ctx.RawArray("q", 3)
+        self.ctl = ctx.RawArray("q", 4)
         self.ctl[_VERSION] = -1
+        self.ctl[_DIGEST] = _digest(-1, self.weights.values())
         credits_in, self.credits = ctx.Pipe(duplex=False)
         os.set_blocking(self.credits.fileno(), False)
         self.selector = selectors.DefaultSelector()
@@ -378,6 +391,7 @@ class _ProcessBackend:
         for k, v in state.items():
             self.weights[k].copy_(v)
         ctl[_VERSION] = version
+        ctl[_DIGEST] = _digest(version, self.weights.values())
         ctl[_SEQ] = seq + 1
 
     def _grant(self, k: int) -> None:

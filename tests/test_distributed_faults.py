@@ -544,3 +544,36 @@ def test_publish_refuses_non_finite_weights(bad):
 
 if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] in SCENARIOS:
     _scenario_main(sys.argv[1], sys.argv[2])
+
+
+def test_a_weights_copy_that_does_not_match_the_published_digest_is_never_loaded():
+    """The seqlock's guard that does not depend on the CPU's memory ordering: a copy that is not what the
+    learner published (here: weights changed behind the counter's back, as a torn copy on a weakly ordered
+    CPU would be) is refused until the digest matches."""
+    import multiprocessing as mp
+
+    from rlkit import distributed as D
+
+    class Recorder:
+        loaded = None
+
+        def load_state_dict(self, state):
+            self.loaded = {k: v.clone() for k, v in state.items()}
+
+    w = {"a": torch.arange(4.0), "b": torch.ones(3)}
+    ctl = mp.RawArray("q", 4)
+    ctl[D._VERSION], ctl[D._DIGEST] = 5, D._digest(5, w.values())
+    credits_r, credits_w = mp.Pipe(duplex=False)
+    out_r, out_w = mp.Pipe(duplex=False)
+    chan = D._ProcessChannel(w, ctl, credits_r, out_w, os.getppid())
+    w["b"][0] = 7.0                                  # not what the digest describes
+    rec = Recorder()
+    stopper = threading.Timer(0.5, lambda: ctl.__setitem__(D._STOP, 1))
+    stopper.start()
+    t0 = time.monotonic()
+    assert chan.load(rec) is None and rec.loaded is None       # kept retrying until asked to stop
+    assert time.monotonic() - t0 >= 0.4
+    ctl[D._STOP], ctl[D._DIGEST] = 0, D._digest(5, w.values())
+    assert chan.load(rec) == 5 and rec.loaded["b"][0].item() == 7.0
+    for c in (credits_r, credits_w, out_r, out_w):
+        c.close()
