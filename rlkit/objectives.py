@@ -85,8 +85,9 @@ def aggregate(loss_per_token: Tensor, mask: Tensor | None = None, mode: str = "t
     * ``"seq-mean-token-sum-norm"`` (Dr. GRPO): :math:`\frac{1}{B\,L}\sum_{i,t} m_{i,t}\ell_{i,t}`
       with a constant :math:`L` = ``max_len`` (default: the padded length
       ``loss_per_token.shape[-1]``; pass the generation budget to make the scale independent of
-      the batch). Every token has the same constant weight, independent of its response's length
-      and of the batch's token count.
+      the batch). ``max_len`` below the longest response (its real tokens under ``mask``, else
+      the padded length) raises ``ValueError``. Every token has the same constant weight,
+      independent of its response's length and of the batch's token count.
 
     Sequences with no real token are left out of the sequence mean; an all-zero mask or an empty
     batch (``B = 0`` or ``T = 0``) gives a loss of 0, not NaN. Padding may hold NaN or inf.
@@ -110,6 +111,11 @@ def aggregate(loss_per_token: Tensor, mask: Tensor | None = None, mode: str = "t
         V.unused(max_len, "max_len", "by mode='seq-mean-token-sum-norm'")
     elif max_len is not None:
         max_len = V.int_in(max_len, "max_len")
+        longest = x.shape[-1] if m is None else int(m.sum(-1).max()) if m.numel() else 0
+        if max_len < longest:
+            raise ValueError(f"max_len ({max_len}) must be at least the longest response, {longest} "
+                             f"{'tokens (the padded length, no mask)' if m is None else 'real tokens'}: "
+                             f"the constant L of 'seq-mean-token-sum-norm' bounds every response's length")
     if mode in ("token-mean", "seq-mean-token-mean") and m is None:
         return masked_mean(x)
     if mode == "token-mean":

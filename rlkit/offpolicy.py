@@ -199,7 +199,8 @@ def trace_coefficients(kind: str, log_rhos: Tensor | None = None,
     Args:
         kind: one of the names above.
         log_rhos: ``[..., T]`` :math:`\log\pi(a_t|s_t) - \log\mu(a_t|s_t)`.
-        logp_target: ``[..., T]`` :math:`\log\pi(a_t|s_t)`.
+        logp_target: ``[..., T]`` :math:`\log\pi(a_t|s_t) \le 0` (``-inf`` allowed; a positive value or
+            NaN raises ``ValueError``, since a Tree-Backup trace is a probability).
 
     Returns:
         A ``[..., T]`` tensor (no gradient). Ratios come from ``_exp_ratio``: finite. (The
@@ -212,7 +213,12 @@ def trace_coefficients(kind: str, log_rhos: Tensor | None = None,
     if kind == "tree_backup":
         V.given(logp_target, "logp_target", "kind='tree_backup' needs log pi of the taken actions")
         V.float_tensor(logp_target, "logp_target", min_dim=1)
-        return _exp_ratio(logp_target.detach())
+        lp = logp_target.detach()
+        if lp.numel() and not bool((lp <= 0).all()):       # NaN fails too; -inf (pi = 0) gives a trace of 0
+            found = "NaN" if bool(lp.isnan().any()) else f"values up to {float(lp.max())}"
+            raise ValueError(f"logp_target must hold log-probabilities, <= 0 (-inf allowed), found {found}: "
+                             f"a Tree-Backup trace pi(a|s) lies in [0, 1]")
+        return lp.exp()
     V.given(log_rhos, "log_rhos", f"kind={kind!r} needs log pi - log mu of the taken actions")
     V.float_tensor(log_rhos, "log_rhos", min_dim=1)
     lr = log_rhos.detach()

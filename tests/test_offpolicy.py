@@ -302,7 +302,7 @@ def test_retrace_and_tree_backup_name_the_callers_arguments():
                 fn(bad, r, v, nv, d)
             assert name in str(err.value) and "traces" not in str(err.value)
     with pytest.raises(ValueError, match="q_taken"):
-        tree_backup(lr, r, v[:, :2], nv, d)
+        tree_backup(-lr.abs(), r, v[:, :2], nv, d)      # log-probabilities are <= 0
 
 
 @pytest.mark.parametrize("shape", [(0, 5), (3, 0), (0, 0), (0,)])

@@ -307,3 +307,38 @@ def test_cql_penalty_with_an_action_too_few_says_the_shapes_disagree():
     q = torch.randn(4, 2)
     with pytest.raises(ValueError, match="q_values.*disagree on the number of actions"):
         cql_penalty(q, torch.tensor([0, 1, 2, 1]))
+
+
+# ------------------------------------------------------------------- off-policy traces, aggregation
+
+def test_tree_backup_refuses_positive_log_probabilities():
+    from rlkit.offpolicy import trace_coefficients, tree_backup
+    # the review's S6: logp_target=+2 gave traces e^2 > 1; tree_backup(logp_target=+inf) gave finite targets
+    with pytest.raises(ValueError, match="logp_target.*<= 0"):
+        trace_coefficients("tree_backup", logp_target=torch.tensor([2.0]))
+    z = torch.zeros(1, 3, dtype=D)
+    for bad in (math.inf, 1e-9, math.nan):
+        lp = torch.tensor([[-0.5, bad, -1.0]], dtype=D)
+        with pytest.raises(ValueError, match="logp_target"):
+            tree_backup(lp, z, z, z, torch.full((1, 3), 0.9, dtype=D))
+    # valid log-probabilities, -inf and 0 included, give the probabilities themselves
+    lp = torch.tensor([[-math.inf, 0.0, math.log(0.25)]], dtype=D)
+    assert torch.equal(trace_coefficients("tree_backup", logp_target=lp), torch.tensor([[0.0, 1.0, 0.25]], dtype=D))
+
+
+def test_aggregate_refuses_a_max_len_below_the_longest_response():
+    from rlkit.objectives import aggregate
+    x = torch.ones(2, 12)
+    # the review's S7: max_len=3 with T=12 returned 4x the loss
+    with pytest.raises(ValueError, match="max_len"):
+        aggregate(x, mode="seq-mean-token-sum-norm", max_len=3)
+    # with a mask, the bound is the longest real response: 5 tokens here, padded to 12
+    mask = torch.zeros(2, 12, dtype=torch.bool)
+    mask[0, :5] = True
+    mask[1, :2] = True
+    with pytest.raises(ValueError, match="max_len"):
+        aggregate(x, mask, mode="seq-mean-token-sum-norm", max_len=4)
+    # hand-worked: 7 real tokens of loss 1, B = 2, L = 5 -> 7 / 10; L = 12 (default, padded) -> 7 / 24
+    assert float(aggregate(x, mask, mode="seq-mean-token-sum-norm", max_len=5)) == pytest.approx(0.7)
+    assert float(aggregate(x, mask, mode="seq-mean-token-sum-norm")) == pytest.approx(7 / 24)
+    assert float(aggregate(x, mode="seq-mean-token-sum-norm", max_len=12)) == pytest.approx(1.0)
