@@ -165,7 +165,7 @@ def pinball_loss(quantiles: Tensor, targets: Tensor, taus: Tensor | None = None,
         quantiles: ``[..., M]`` predictions :math:`q_i` for each sample's distribution.
         targets: ``[...]`` one observed value per row.
         taus: ``[M]`` levels in (0, 1); None means :func:`quantile_levels`.
-        kappa: 0 for the pinball loss, > 0 for the quantile Huber loss.
+        kappa: 0 for the pinball loss, a finite number > 0 for the quantile Huber loss.
         mask: ``[...]`` bool or 0/1, the rows that count; None: all. No real row gives 0.
 
     Returns: a scalar. Chapter: 17_uncertainty_risk.

@@ -203,7 +203,8 @@ class RunningMeanStd:
                \sigma^2 \leftarrow \frac{N\sigma^2 + b\sigma_b^2 + \delta^2\frac{Nb}{N+b}}{N+b}.
 
     Args:
-        shape: the feature shape (``()`` for scalars). eps: added to ``var`` in ``std``.
+        shape: the feature shape (``()`` for scalars). eps: added to ``var`` in ``std``, a finite
+            number >= 0.
 
     Chapter: 22_exploration_diversity.
     """
@@ -277,8 +278,8 @@ class RND(nn.Module):
         encoder: a model with ``return_hidden=True`` (e.g. a frozen copy of the base GPT).
         hidden_size: the encoder's hidden width (default ``encoder.config.n_embd``, else the width
             of the hidden states of a one-token forward pass, e.g. for an :class:`rlkit.llm.hf.HFCausalLM`).
-        out_dim, width: the two networks' output and hidden widths. lr: Adam's for the predictor.
-        seed: initialises both networks.
+        out_dim, width: the two networks' output and hidden widths. lr: Adam's for the predictor,
+            a finite number > 0. seed: initialises both networks.
 
     Chapter: 22_exploration_diversity.
     """
@@ -286,6 +287,9 @@ class RND(nn.Module):
     def __init__(self, encoder: nn.Module, hidden_size: int | None = None, out_dim: int = 32, width: int = 64,
                  lr: float = 1e-3, seed: int = 0):
         super().__init__()
+        # every number is checked before the encoder is touched (frozen, or run to find its width)
+        out_dim, width = V.int_in(out_dim, "out_dim"), V.int_in(width, "width")
+        lr, seed = V.real_in(lr, "lr", 0.0, lo_open=True), V.int_in(seed, "seed", 0)
         if hidden_size is None:
             hidden_size = getattr(getattr(encoder, "config", None), "n_embd", None)
             if hidden_size is None:
@@ -296,12 +300,12 @@ class RND(nn.Module):
             p.requires_grad_(False)
         g = torch.random.fork_rng(devices=[])
         with g:
-            torch.manual_seed(V.int_in(seed, "seed", 0))
-            self.target = _mlp(d, V.int_in(width, "width"), V.int_in(out_dim, "out_dim"))
+            torch.manual_seed(seed)
+            self.target = _mlp(d, width, out_dim)
             self.predictor = _mlp(d, width, out_dim)
         for p in self.target.parameters():
             p.requires_grad_(False)
-        self.opt = torch.optim.Adam(self.predictor.parameters(), lr=V.real_in(lr, "lr", 0.0, lo_open=True))
+        self.opt = torch.optim.Adam(self.predictor.parameters(), lr=lr)
         self.obs_rms = RunningMeanStd((d,))
         self.rew_rms = RunningMeanStd(())
 
