@@ -80,8 +80,8 @@ class Exercise:
     #: how a function's outputs are obtained on a case, ``probe(fn, *args, **kwargs)``; None calls
     #: ``fn(*args, **kwargs)``. A probe can compare more than the return value, e.g. a gradient.
     probe: Callable | None = None
-    #: True: a floating-point tensor output must have the reference's dtype (the dtype of the
-    #: floating-point inputs, or the one the exercise states); False: any floating dtype is accepted.
+    #: whether a floating-point tensor output must have the reference's dtype (the dtype of the
+    #: floating-point inputs, or the one the exercise states); if not, any floating dtype is accepted.
     match_dtype: bool = True
 
     def get_cases(self) -> list[Case]:

@@ -132,7 +132,7 @@ def save_checkpoint(model: GPT, tok: CharTokenizer, path, meta: dict | None = No
 
     The save is atomic for each file: both are written to a hidden temporary folder beside them
     (``.NAME.pt.saving-*``, with the name cut to 64 characters; removed afterwards) and moved into
-    place with :func:`os.replace`, the old ``NAME.json`` being removed first. A save interrupted at
+    place with ``os.replace``, the old ``NAME.json`` being removed first. A save interrupted at
     any point therefore leaves either the previous checkpoint intact, or a checkpoint whose config
     is missing (refused as not found), never a half-written file or new weights beside the old
     config; a crash may leave the hidden folder behind.
