@@ -98,6 +98,34 @@ def test_every_chapter_has_a_page(built_book):
         assert "cell_output" in text or "output" in text, f"{page.name} shows no executed output"
 
 
+def test_figures_are_numbered_per_chapter(built_book):
+    """Captioned figures read "Figure N.k": N the chapter, k = 1, 2, ... in page order.
+
+    (book/_ext/chapter_figures.py renumbers Sphinx's book-wide numbers.)
+    """
+    seen = 0
+    for nb in sorted((ROOT / "lessons").glob("*.ipynb")):
+        chapter = int(nb.stem.split("_")[0])
+        html = (HTML / "lessons" / (nb.stem + ".html")).read_text()
+        numbers = re.findall(r'<span class="caption-number">Figure ([\d.]+)', html)
+        assert numbers == [f"{chapter}.{k}" for k in range(1, len(numbers) + 1)], (nb.name, numbers)
+        seen += len(numbers)
+    assert seen >= 20
+
+
+def test_renumbering_keeps_each_pages_order_and_prefixes_the_chapter():
+    sys.path.insert(0, str(ROOT / "book" / "_ext"))
+    from chapter_figures import renumber
+    book_wide = {"lessons/07_tiny_llm": {"figure": {"b": (9,), "a": (8,), "c": (12,)}, "table": {"t": (3,)}},
+                 "book/setup": {"figure": {"s": (1,)}},
+                 "lessons/12_clipping_staleness": {"figure": {"x": (30,)}}}
+    out, changed = renumber(book_wide)
+    assert out["lessons/07_tiny_llm"] == {"figure": {"a": (7, 1), "b": (7, 2), "c": (7, 3)}, "table": {"t": (7, 1)}}
+    assert out["book/setup"] == {"figure": {"s": (1,)}}
+    assert out["lessons/12_clipping_staleness"]["figure"] == {"x": (12, 1)}
+    assert sorted(changed) == ["lessons/07_tiny_llm", "lessons/12_clipping_staleness"]
+
+
 def test_no_button_leads_nowhere(built_book):
     """No launch button (Binder, Colab, JupyterHub) and no repository link: the book has no public home yet.
 
