@@ -261,26 +261,61 @@ def test_constrained_optimum_terminates_at_any_tolerance():
     assert out.strip() == "ok"
 
 
-def test_safety_tensor_arguments_given_as_lists_raise_type_errors_naming_them():
-    from rlkit import safety
-    ref = torch.full((2, 3), 1 / 3, dtype=D)
-    r, c = torch.rand(2, 3, dtype=D), torch.rand(2, 3, dtype=D)
-    with pytest.raises(TypeError, match="adv_cost"):
-        safety.lagrangian_advantages(torch.ones(3), [1.0, 2.0, 3.0], 1.0)
-    for name in ("reward", "cost"):
-        kw = dict(ref_probs=ref, reward=r, cost=c)
-        kw[name] = kw[name].tolist()
-        with pytest.raises(TypeError, match=name):
-            safety.tilted_policy(**kw, lam=1.0, beta=1.0)
-        with pytest.raises(TypeError, match=name):
-            safety.policy_values(ref, **kw)
-        with pytest.raises(TypeError, match=name):
-            safety.dual_function(1.0, **kw, budget=0.5, beta=1.0)
-        with pytest.raises(TypeError, match=name):
-            safety.constrained_optimum(**kw, budget=0.5, beta=1.0)
-        with pytest.raises(TypeError, match=name):
-            safety.lagrangian_dynamics(**kw, multiplier=safety.LagrangeMultiplier(0.5, 0.1), beta=1.0, steps=1,
-                                       policy_lr=0.1)
+def _tensor_calls():
+    """{function: (fn, kwargs)} for every public function of rlkit.safety, rlkit.dro and rlkit.risk that takes
+    tensors; every tensor argument is one the function checks."""
+    from rlkit import dro, safety
+    n, k = 2, 3
+    ref = torch.full((n, k), 1 / 3, dtype=D)
+    rew, cost = torch.tensor([[0.3, 1.0, 2.0], [0.5, 0.2, 1.5]], dtype=D), torch.tensor([[0.0, 0.5, 1.0],
+                                                                                         [0.2, 0.6, 0.9]], dtype=D)
+    w2 = torch.full((n,), 0.5, dtype=D)
+    v, p = torch.randn(4, dtype=D), torch.full((4,), 0.25, dtype=D)
+    bandit = dict(ref_probs=ref, reward=rew, cost=cost)
+    return {
+        "safety.lagrangian_advantages": (safety.lagrangian_advantages, dict(
+            adv_reward=torch.ones(3), adv_cost=torch.ones(3), lam=1.0, mask=torch.ones(3, dtype=torch.bool))),
+        "safety.tilted_policy": (safety.tilted_policy, dict(**bandit, lam=1.0, beta=1.0)),
+        "safety.policy_values": (safety.policy_values, dict(probs=ref, **bandit, weights=w2)),
+        "safety.dual_function": (safety.dual_function, dict(lam=1.0, **bandit, budget=0.5, beta=1.0, weights=w2)),
+        "safety.constrained_optimum": (safety.constrained_optimum, dict(**bandit, budget=0.4, beta=1.0, weights=w2)),
+        "safety.lagrangian_dynamics": (safety.lagrangian_dynamics, dict(
+            **bandit, multiplier=safety.LagrangeMultiplier(0.4, 0.1), beta=1.0, steps=2, policy_lr=0.1, weights=w2)),
+        "dro.kl_dual": (dro.kl_dual, dict(values=v, tau=1.0, eps=0.1, p=p)),
+        "dro.kl_dro": (dro.kl_dro, dict(values=v, eps=0.1, p=p)),
+        "dro.chi2_dro": (dro.chi2_dro, dict(values=v, rho=0.1, p=p)),
+        "dro.cvar": (dro.cvar, dict(values=v, alpha=0.5, p=p)),
+        "dro.tv_dro": (dro.tv_dro, dict(values=v, eps=0.1, p=p)),
+        "dro.wasserstein_dro": (dro.wasserstein_dro, dict(values=v, cost=torch.rand(4, 4, dtype=D) + 1, eps=3.0, p=p)),
+        "dro.group_dro_step": (dro.group_dro_step, dict(q=p, values=v, step_size=1.0, counts=torch.ones(4, dtype=D),
+                                                        adj=1.0)),
+        "risk.ensemble_aggregate": (risk.ensemble_aggregate, dict(scores=rew)),
+        "risk.downweighted_advantages": (risk.downweighted_advantages, dict(advantages=rew, sigma=cost, alpha=1.0)),
+        "risk.pinball_loss": (risk.pinball_loss, dict(quantiles=rew, targets=rew[:, 0], taus=torch.tensor(
+            [0.2, 0.5, 0.8], dtype=D), kappa=1.0, mask=torch.ones(n, dtype=torch.bool))),
+        "risk.value_at_risk": (risk.value_at_risk, dict(values=rew, alpha=0.5, weights=cost)),
+        "risk.cvar": (risk.cvar, dict(values=rew, alpha=0.5, weights=cost)),
+        "risk.cvar_weights": (risk.cvar_weights, dict(values=rew, alpha=0.5, weights=cost)),
+        "risk.cvar_from_quantiles": (risk.cvar_from_quantiles, dict(quantiles=rew, alpha=0.5)),
+        "risk.cvar_pg_weights": (risk.cvar_pg_weights, dict(values=rew, alpha=0.5, var=rew[:, 0], weights=cost)),
+        "risk.soft_bradley_terry_loss": (risk.soft_bradley_terry_loss, dict(r_a=v, r_b=v, p_a=p, weights=p)),
+        "risk.laplace_bt_covariance": (risk.laplace_bt_covariance, dict(phi_a=rew, phi_b=cost, w=rew[0],
+                                                                        p_a=rew[:, 0])),
+        "risk.linear_predictive_std": (risk.linear_predictive_std, dict(phi=rew, cov=torch.eye(3, dtype=D),
+                                                                        center=rew[0])),
+    }
+
+
+@pytest.mark.parametrize("fn_name", list(_tensor_calls()))
+def test_a_list_for_any_tensor_argument_raises_a_type_error_naming_it(fn_name):
+    # the review: safety.lagrangian_advantages and tilted_policy raised AttributeError: 'list' object has no
+    # attribute 'shape' (every public function of safety, dro and risk is checked here)
+    fn, kwargs = _tensor_calls()[fn_name]
+    fn(**kwargs)                                             # the valid call works
+    for arg, val in kwargs.items():
+        if isinstance(val, torch.Tensor):
+            with pytest.raises(TypeError, match=arg):
+                fn(**{**kwargs, arg: val.tolist()})
 
 
 # -------------------------------------------------------------------------------- offline (ch. 21)
