@@ -471,11 +471,17 @@ def linear_predictive_std(phi: Tensor, cov: Tensor, center: Tensor | None = None
     With :math:`c = \mathbb E_{\pi_{ref}}[\phi]` this is the uncertainty of a reward measured
     relative to its mean under the reference policy, which is what a Bradley-Terry model can know.
 
-    Args: phi: ``[..., D]``; cov: ``[D, D]`` finite and positive semi-definite (its symmetric
-        part's eigenvalues are all >= 0 up to :math:`\sqrt{\varepsilon}` of the dtype times the
-        largest; anything else raises ``ValueError``, since :math:`x^\top\Sigma x` could be negative);
+    Args:
+        phi: ``[..., D]``.
+        cov: ``[D, D]``, finite and positive semi-definite: its symmetric part's eigenvalues are
+            all >= 0 up to :math:`\sqrt{\varepsilon}` of the dtype times the largest. Anything else
+            raises ``ValueError``, since :math:`x^\top\Sigma x` could be negative.
         center: ``[D]`` or None (0).
-    Returns: ``[...]`` in ``phi``'s dtype. Chapter: 17_uncertainty_risk.
+
+    Returns:
+        ``[...]`` in ``phi``'s dtype.
+
+    Chapter: 17_uncertainty_risk.
     """
     V.float_tensor(phi, "phi", min_dim=1)
     V.float_tensor(cov, "cov", min_dim=2)
