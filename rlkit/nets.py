@@ -39,7 +39,7 @@ def layer_init(layer: nn.Linear, std: float = math.sqrt(2.0), bias: float = 0.0)
     activations and gradients through a layer; the gain rescales it, :math:`W W^\top = \mathrm{std}^2 I`.
 
     Args:
-        layer: a ``torch.nn.Linear`` (with a bias).
+        layer: a ``torch.nn.Linear`` with a bias (one built with ``bias=False`` is refused).
         std: the gain, a finite number >= 0.
         bias: the constant bias, a finite number.
 
@@ -47,6 +47,8 @@ def layer_init(layer: nn.Linear, std: float = math.sqrt(2.0), bias: float = 0.0)
         The same layer, for chaining.
     """
     V.instance_of(layer, "layer", nn.Linear, "torch.nn.Linear")
+    if layer.bias is None:
+        raise ValueError("layer must have a bias (it was built with bias=False), since layer_init sets it")
     std = V.real_in(std, "std", 0.0)
     bias = V.real_in(bias, "bias")
     nn.init.orthogonal_(layer.weight, std)
@@ -63,8 +65,9 @@ def mlp(in_dim: int, out_dim: int, hidden: int | Sequence[int] = 64, layers: int
         hidden: one width used for ``layers`` hidden layers, or an explicit sequence of widths
             (then ``layers`` is ignored); widths are ints >= 1.
         layers: the number of hidden layers when ``hidden`` is an int, >= 0.
-        out_std: the output layer's gain (hidden layers get :math:`\sqrt 2`).
-        activation: the class of the nonlinearity between layers.
+        out_std: the output layer's gain (hidden layers get :math:`\sqrt 2`), a finite number >= 0.
+        activation: the class of the nonlinearity between layers, such as ``nn.Tanh`` (or any callable
+            returning a fresh ``torch.nn.Module``; an instance is refused).
 
     Returns:
         an ``nn.Sequential`` mapping ``[..., in_dim]`` to ``[..., out_dim]``.
@@ -76,11 +79,15 @@ def mlp(in_dim: int, out_dim: int, hidden: int | Sequence[int] = 64, layers: int
     else:
         V.instance_of(hidden, "hidden", (list, tuple), "list of ints (or an int)")
         widths = [V.int_in(w, f"hidden[{i}]") for i, w in enumerate(hidden)]
+    V.real_in(out_std, "out_std", 0.0)
     V.is_callable(activation, "activation")
+    if isinstance(activation, nn.Module):
+        raise TypeError(f"activation must be a class such as nn.Tanh (called once per layer), not the module "
+                        f"instance {activation!r}")
     mods: list[nn.Module] = []
     prev = in_dim
     for w in widths:
-        mods += [layer_init(nn.Linear(prev, w)), activation()]
+        mods += [layer_init(nn.Linear(prev, w)), V.instance_of(activation(), "activation()", nn.Module)]
         prev = w
     mods.append(layer_init(nn.Linear(prev, out_dim), std=out_std))
     return nn.Sequential(*mods)
@@ -119,10 +126,15 @@ class CategoricalPolicy(nn.Module):
         The same numbers as ``Categorical(logits=self(obs))``'s ``sample()`` and ``log_prob``,
         without building a distribution object at every environment step (rollouts call this
         once per step, so the object's overhead was a noticeable share of a CartPole run).
+        Sampling from NaN logits (NaN in ``obs`` or in the weights) raises ``ValueError``; the greedy
+        action is then arbitrary and its log-probability NaN.
         """
         V.instance_of(greedy, "greedy", bool)
         logits = self(obs)
         logp_all = logits - logits.logsumexp(-1, keepdim=True)
+        if not greedy and logp_all.numel() and bool(torch.isnan(logp_all).any()):
+            raise ValueError("obs gave NaN logits, from which no action can be sampled (NaN in obs or in "
+                             "the policy's parameters)")
         if greedy:
             a = logits.argmax(-1)
         else:

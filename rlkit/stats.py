@@ -22,7 +22,7 @@ Four tools:
   one-line verdict, and records the result for the book's claims ledger (``book/claims.md``).
 
 The t distribution is computed here (a regularised incomplete beta function and a bisection
-for its quantile), so the module needs only the standard library; ``tests/test_stats.py``
+for its quantile), so the module needs no scipy; ``tests/test_stats.py``
 compares it with scipy where scipy is installed.
 
 Chapter: the setup page states the standard; every chapter's check cells use it.
@@ -35,6 +35,8 @@ import numbers
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+
+from . import _validate as V
 
 __all__ = ["Summary", "Comparison", "Claim", "ClaimFailed", "summary", "compare", "holm", "claim",
            "claim_all", "report", "t_cdf", "t_quantile", "CLAIM_MIME", "recorded_claims"]
@@ -293,7 +295,8 @@ def compare(a, b, *, paired: bool | None = None, level: float = 0.95) -> Compari
     .. math:: \hat\Delta = \bar a - \bar b,\quad s = \sqrt{s_a^2/n_a + s_b^2/n_b},\quad
        \nu = \frac{s^4}{(s_a^2/n_a)^2/(n_a-1) + (s_b^2/n_b)^2/(n_b-1)}
 
-    ``b`` may also be a number: a one-sample test of mean(a) against it.
+    ``b`` may also be a number: a one-sample test of mean(a) against it. ``paired`` is None (decide
+    from the arms), True or False.
 
     A zero standard error (identical values, or identical per-seed differences) gives a
     zero-width interval and p = 0 when the difference is not 0, p = 1 when it is.
@@ -303,6 +306,8 @@ def compare(a, b, *, paired: bool | None = None, level: float = 0.95) -> Compari
             ``paired=True``, sequences of different lengths with ``paired=True``.
     """
     level = _level(level)
+    if paired is not None:
+        V.boolean(paired, "paired")
     va, ka = _values(a, "a")
     if isinstance(b, numbers.Real) or getattr(b, "ndim", None) == 0:  # a number, or a 0-d array/tensor
         ref = _finite(b, "b")
@@ -358,6 +363,7 @@ def holm(pvalues) -> list[float]:
 
     Example: ``holm([0.01, 0.04, 0.03])`` is ``[0.03, 0.06, 0.06]``.
     """
+    _iterable(pvalues, "pvalues", "a sequence of p-values")
     ps = [_finite(p, f"pvalues[{i}]") for i, p in enumerate(pvalues)]
     for i, p in enumerate(ps):
         if not 0.0 <= p <= 1.0:
@@ -476,7 +482,8 @@ def claim(statement: str, a, b, *, kind: str = "greater", arms: tuple[str, str] 
         margin: how far the interval must clear 0 (in a − b's units) for "greater"/"less"/"differ".
         tol: the equivalence tolerance (``kind="equivalent"`` only).
         check: ``False`` reports the comparison without asserting it (a marginal effect the text
-            gives with its interval).
+            gives with its interval); True or False.
+        chapter: the chapter's name for the ledger (a str), or None (``RLKIT_CHAPTER``).
 
     Returns: the :class:`Claim`.
 
@@ -485,6 +492,8 @@ def claim(statement: str, a, b, *, kind: str = "greater", arms: tuple[str, str] 
     """
     if not isinstance(statement, str) or not statement.strip():
         raise ValueError("statement must be a non-empty string: the claim in words")
+    _chapter_arg(chapter)
+    V.boolean(check, "check")
     tol, margin = _check_kind(kind, tol, margin)
     arms = _arms(arms)
     comp = compare(a, b, paired=paired, level=level)
@@ -518,7 +527,9 @@ def claim_all(statement: str, comparisons, *, level: float = 0.95, chapter: str 
     level = _level(level)
     if not isinstance(statement, str) or not statement.strip():
         raise ValueError("statement must be a non-empty string: the family's claim in words")
-    items = list(comparisons)
+    _chapter_arg(chapter)
+    V.boolean(check, "check")
+    items = list(_iterable(comparisons, "comparisons", "a sequence of (statement, a, b, kind) tuples"))
     if not items:
         raise ValueError("comparisons must hold at least one (statement, a, b, kind) tuple")
     comps, specs = [], []
@@ -529,6 +540,11 @@ def claim_all(statement: str, comparisons, *, level: float = 0.95, chapter: str 
         arms = _arms(it[4] if len(it) == 5 else ("A", "B"))
         if kind not in ("greater", "less", "differ"):
             raise ValueError(f"comparisons[{i}]: kind must be 'greater', 'less' or 'differ', got {kind!r}")
+        _values(a, f"comparisons[{i}] (its a)")            # named here: compare would say "a" and "b"
+        if not (isinstance(b, numbers.Real) or getattr(b, "ndim", None) == 0):
+            _values(b, f"comparisons[{i}] (its b)")
+        else:
+            _finite(b, f"comparisons[{i}] (its b)")
         comps.append(compare(a, b, level=level))
         specs.append((st, kind, arms))
     adjusted = holm([c.p for c in comps])
@@ -551,6 +567,18 @@ def _arms(arms) -> tuple[str, str]:
     if not isinstance(arms, (tuple, list)) or len(arms) != 2 or not all(isinstance(x, str) for x in arms):
         raise TypeError(f"arms must be two names, e.g. ('with baseline', 'without'), got {arms!r}")
     return (arms[0], arms[1])
+
+
+def _iterable(x, name: str, what: str):
+    """``x`` if it can be iterated over (and is not a str), else a TypeError naming it."""
+    if isinstance(x, (str, bytes)) or not hasattr(x, "__iter__"):
+        raise TypeError(f"{name} must be {what}, got {type(x).__name__}")
+    return x
+
+
+def _chapter_arg(chapter) -> None:
+    if chapter is not None and not isinstance(chapter, str):
+        raise TypeError(f"chapter must be a str (e.g. '07_tiny_llm') or None, got {type(chapter).__name__}")
 
 
 def _chapter() -> str | None:

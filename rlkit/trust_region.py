@@ -82,11 +82,32 @@ def conjugate_gradient(Avp: Callable[[Tensor], Tensor], b: Tensor, iters: int = 
 def flat_grad(y: Tensor, params: Sequence[Tensor], create_graph: bool = False,
               retain_graph: bool = None) -> Tensor:
     """Gradient of the scalar ``y`` w.r.t. ``params``, flattened and concatenated (zeros for
-    parameters ``y`` does not depend on)."""
+    parameters ``y`` does not depend on).
+
+    ``y`` is a floating tensor of one element with a graph (``requires_grad``); ``params`` a
+    non-empty iterable of tensors with ``requires_grad=True``; ``create_graph`` True or False;
+    ``retain_graph`` None (torch's default: ``create_graph``), True or False.
+    """
+    V.float_tensor(y, "y", min_dim=0)
+    if y.numel() != 1 or not y.requires_grad:
+        raise ValueError(f"y must be a scalar with a graph (one element, requires_grad=True), got shape "
+                         f"{tuple(y.shape)} with requires_grad={y.requires_grad}")
+    params = _trainable(params, "params")
+    V.boolean(create_graph, "create_graph")
+    if retain_graph is not None:
+        V.boolean(retain_graph, "retain_graph")
     grads = torch.autograd.grad(y, params, create_graph=create_graph, retain_graph=retain_graph,
                                 allow_unused=True)
     return torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1)
                       for g, p in zip(grads, params)])
+
+
+def _trainable(params, name: str) -> list:
+    """:func:`rlkit._validate.trainable_params`, which also names an argument that is not iterable."""
+    if not isinstance(params, Tensor) and not hasattr(params, "__iter__"):
+        raise TypeError(f"{name} must be an iterable of tensors with requires_grad=True (e.g. "
+                        f"list(model.parameters())), got {type(params).__name__}")
+    return V.trainable_params(params, name)
 
 
 def fisher_vector_product(kl_fn: Callable[[], Tensor], params: Iterable[Tensor], v: Tensor,
@@ -115,7 +136,7 @@ def fisher_vector_product(kl_fn: Callable[[], Tensor], params: Iterable[Tensor],
     Chapter: 04_kl_trpo_ppo.
     """
     V.is_callable(kl_fn, "kl_fn")
-    params = V.trainable_params(params, "params")
+    params = _trainable(params, "params")
     V.float_tensor(v, "v", min_dim=1)
     V.exact_shape(v, "v", (sum(p.numel() for p in params),), "[number of parameters]")
     damping = V.real_in(damping, "damping", 0.0)
@@ -152,7 +173,8 @@ def backtracking_line_search(evaluate: Callable[[Tensor], tuple[float, float]],
             with a zero step for the baseline.
         full_step: the proposed step :math:`\Delta` (e.g. the scaled CG direction).
         max_constraint: :math:`C_{\max}` (TRPO's :math:`\delta`), ``>= 0``.
-        expected_improvement: optional, ``> 0``.
+        expected_improvement: optional, a finite number; at most 0 (a first-order prediction
+            of no gain) turns the ratio test off.
         backtrack_ratio: :math:`\beta \in (0, 1)`. max_backtracks: ``>= 1``.
         accept_ratio: in ``[0, 1]``.
 
@@ -174,8 +196,12 @@ def backtracking_line_search(evaluate: Callable[[Tensor], tuple[float, float]],
     accept_ratio = V.real_in(accept_ratio, "accept_ratio", 0.0, 1.0)
 
     def ev(step):
-        loss, con = evaluate(step)
-        return float(loss), float(con)
+        out = evaluate(step)
+        try:
+            loss, con = out
+            return float(loss), float(con)
+        except (TypeError, ValueError):
+            raise TypeError(f"evaluate must return two numbers (loss, constraint), got {out!r}") from None
 
     step = full_step.detach()
     loss0, _ = ev(torch.zeros_like(step))

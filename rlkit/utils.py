@@ -8,6 +8,7 @@ import math
 import os
 import random
 import time
+from collections.abc import Iterable
 from contextlib import contextmanager
 
 import numpy as np
@@ -117,8 +118,9 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor | None = None, dim=None, kee
     Args:
         x: floating tensor of any shape.
         mask: ``None`` or a bool / 0-1 tensor of exactly ``x``'s shape (no silent broadcasting).
-        dim: ``None`` (all entries) or the dimension(s) to average over.
-        keepdim: keep the reduced dimensions (only with ``dim``).
+        dim: ``None`` (all entries) or the dimension(s) to average over: an int or a tuple of
+            distinct ints, each in ``[-x.dim(), x.dim() - 1]``.
+        keepdim: ``True`` or ``False``; keep the reduced dimensions (only read with ``dim``).
 
     Returns: a 0-dim tensor (``dim=None``) or ``x`` with ``dim`` reduced.
 
@@ -126,8 +128,10 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor | None = None, dim=None, kee
     """
     V.float_tensor(x, "x", min_dim=0)
     m = V.check_mask(mask, x, "x")
+    dims = _dims(dim, x)
+    V.boolean(keepdim, "keepdim")
     if m is None:
-        n = x.numel() if dim is None else math.prod(x.shape[d] for d in ((dim,) if isinstance(dim, int) else dim))
+        n = x.numel() if dim is None else math.prod(x.shape[d] for d in dims)
         if dim is None:
             return x.mean() if n else x.sum()
         return x.mean(dim=dim, keepdim=keepdim) if n else x.sum(dim=dim, keepdim=keepdim)
@@ -137,12 +141,31 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor | None = None, dim=None, kee
     return kept.sum(dim=dim, keepdim=keepdim) / m.sum(dim=dim, keepdim=keepdim).clamp(min=1.0)
 
 
+def _dims(dim, x: torch.Tensor) -> tuple | None:
+    """``dim`` of :func:`masked_mean` checked, as a tuple of non-negative ints (None stays None)."""
+    if dim is None:
+        return None
+    n = max(x.dim(), 1)
+    dims = (dim,) if isinstance(dim, int) and not isinstance(dim, bool) else dim
+    V.instance_of(dims, "dim", (tuple, list), "int, a tuple of ints, or None")
+    out = tuple(V.int_in(d, "dim", -n, n - 1) % n for d in dims)
+    V.distinct(out, "dim")
+    return out
+
+
 def clip_grad(params, max_norm: float | None) -> float:
     """Clip the global gradient norm of ``params`` to ``max_norm`` (``None``: no clipping).
 
-    Returns the norm BEFORE clipping, as a float. Every rlkit trainer (CartPole and LLM) clips with it.
+    ``params``: an iterable of tensors (parameters), or one tensor. ``max_norm``: a number ``> 0``
+    (``inf`` never clips, like ``None``). Returns the norm BEFORE clipping, as a float. Every rlkit
+    trainer (CartPole and LLM) clips with it.
     """
-    return float(torch.nn.utils.clip_grad_norm_(params, math.inf if max_norm is None else max_norm))
+    if isinstance(params, torch.Tensor):
+        params = [params]
+    V.instance_of(params, "params", Iterable, "iterable of tensors (e.g. model.parameters())")
+    params = V.tuple_of(list(params), "params", torch.Tensor, "torch.Tensor")
+    max_norm = math.inf if max_norm is None else V.real_in(max_norm, "max_norm", 0.0, lo_open=True, allow_inf=True)
+    return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
 
 
 def full_scale() -> bool:
@@ -171,7 +194,12 @@ class Timer:
 
 @contextmanager
 def timer(label: str = "", verbose: bool = True):
-    """Context manager that prints how long its block took: ``with timer("rollout"): ...``."""
+    """Context manager that prints how long its block took: ``with timer("rollout"): ...``.
+
+    ``label``: a str (``""`` prints ``elapsed``); ``verbose``: True or False (False prints nothing).
+    """
+    V.instance_of(label, "label", str)
+    V.boolean(verbose, "verbose")
     t = Timer()
     yield t
     if verbose:

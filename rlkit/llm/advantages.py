@@ -93,6 +93,8 @@ class TokenGAE:
 
     def __init__(self, critic=None, *, gamma: float = 1.0, lam: float = 0.95, lr: float | None = None,
                  coef: float = 1.0, target: str = "gae", n: int = 1, target_lam: float | None = None):
+        if critic is not None:
+            V.is_callable(critic, "critic")
         self.critic = critic
         self.channels: tuple = ()
         self.gamma = V.real_in(gamma, "gamma", 0.0, 1.0)

@@ -31,6 +31,7 @@ import torch.nn as nn
 
 from .. import _validate as V
 from ..returns import discounted_returns, gae, lambda_returns, n_step_returns
+from .evaluation import device_of
 from .heads import HiddenValueHead
 from .sampling import Rollout, call_model, sample
 from .tasks import Problem, Task
@@ -51,10 +52,14 @@ def response_mask(mask, ref: Tensor, ref_name: str, name: str = "mask") -> Tenso
 
     It must have ``ref``'s shape and device, hold only 0/1 (or be bool), and be a PREFIX mask
     along the last dimension (real tokens first, then padding: :math:`m_{t+1} \le m_t`), which is
-    how :func:`rlkit.llm.sample` lays out responses.
+    how :func:`rlkit.llm.sample` lays out responses. ``ref`` is a floating tensor; ``ref_name`` and
+    ``name`` (non-empty strs) are how errors name ``ref`` and ``mask``.
 
     Chapter: 14_credit_over_tokens.
     """
+    V.nonempty_str(ref_name, "ref_name")
+    V.nonempty_str(name, "name")
+    V.float_tensor(ref, ref_name, min_dim=0)
     m = V.check_mask(mask, ref, ref_name, name)
     if m is None:
         raise TypeError(f"{name} must be a tensor of real response tokens, got None")
@@ -116,7 +121,7 @@ def dense_rewards(task: Task, tok: CharTokenizer, response_ids: Tensor, mask, pr
         task: a :class:`~rlkit.llm.tasks.Task` with ``token_checkers``.
         tok: the tokenizer of the responses.
         response_ids: ``[N, T]`` int64; mask: ``[N, T]`` prefix mask of real tokens.
-        problems: ``N`` problems, ``problems[i]`` answered by row ``i``.
+        problems: a list of ``N`` problems, ``problems[i]`` answered by row ``i``.
         checker: which token checker.
 
     Returns:
@@ -126,7 +131,8 @@ def dense_rewards(task: Task, tok: CharTokenizer, response_ids: Tensor, mask, pr
     V.instance_of(tok, "tok", CharTokenizer)
     V.index_tensor(response_ids, "response_ids", dim=2, n=tok.vocab_size)
     m = response_mask(mask, response_ids.float(), "response_ids")
-    V.same_length(list(problems), "problems", response_ids, "response_ids")
+    problems = V.tuple_of(problems, "problems", Problem)
+    V.same_length(problems, "problems", response_ids, "response_ids")
     if checker not in task.token_checkers:
         raise ValueError(f"checker {checker!r} is not one of the token checkers of task {task.name!r} "
                          f"({list(task.token_checkers)})")
@@ -160,10 +166,11 @@ def kl_token_rewards(logp: Tensor, logp_ref: Tensor, mask, beta: float, rewards:
     sequence log-ratio is the sum of the token log-ratios (chapter 14, eq. ``eq-ch14-kl-reward``).
 
     Args:
-        logp, logp_ref: ``[N, T]`` log-probs of the sampled tokens under the policy and the reference.
+        logp, logp_ref: ``[N, T]`` log-probs of the sampled tokens under the policy and the reference,
+            finite at the real tokens.
         mask: ``[N, T]`` prefix mask of real tokens (padding may hold anything, even NaN).
         beta: the KL coefficient, a finite number ``>= 0``.
-        rewards: ``[N]`` task rewards put on the last real token, or None (KL part only).
+        rewards: ``[N]`` floating task rewards put on the last real token, or None (KL part only).
 
     Returns:
         ``[N, T]``, 0 at padding. Chapter: 14_credit_over_tokens.
@@ -171,9 +178,12 @@ def kl_token_rewards(logp: Tensor, logp_ref: Tensor, mask, beta: float, rewards:
     V.matching_floats(logp=logp, logp_ref=logp_ref, min_dim=2)
     m = response_mask(mask, logp, "logp")
     beta = V.real_in(beta, "beta", 0.0)
+    V.tensor_in(_zero_pad(logp, m), "logp (at real tokens)")
+    V.tensor_in(_zero_pad(logp_ref, m), "logp_ref (at real tokens)")
     out = -beta * (_zero_pad(logp, m) - _zero_pad(logp_ref, m))
-    V.tensor_in(_zero_pad(out, m), "the log-probs at real tokens")
+    V.tensor_in(_zero_pad(out, m), "beta * (logp - logp_ref) at real tokens")
     if rewards is not None:
+        V.float_tensor(rewards, "rewards")
         if logp.dim() != 2:
             raise ValueError(f"with rewards, logp must be [N, T], got shape {tuple(logp.shape)}")
         out = out + terminal_rewards(rewards.to(logp.dtype), m)
@@ -184,12 +194,16 @@ def response_discounts(mask, gamma: float = 1.0, like: Tensor | None = None) -> 
     r"""Per-step discounts of a response: :math:`\gamma_t = \gamma\,m_{t+1}`.
 
     :math:`\gamma` while another real token follows, 0 on the last real token (the episode ends
-    there, so no value is bootstrapped after it) and on padding. Chapter: 14_credit_over_tokens.
+    there, so no value is bootstrapped after it) and on padding. ``like`` (optional): a floating
+    tensor of the mask's shape whose dtype the discounts take (default: the mask's, or float32).
+    Chapter: 14_credit_over_tokens.
     """
     if not isinstance(mask, Tensor):
         raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
-    ref = like if like is not None else (mask if mask.is_floating_point() else mask.float())
-    m = response_mask(mask, ref if ref.is_floating_point() else ref.float(), "the response tensors")
+    if like is not None:
+        m = response_mask(mask, V.float_tensor(like, "like", min_dim=0), "like")
+    else:
+        m = response_mask(mask, mask if mask.is_floating_point() else mask.float(), "the response tensors")
     gamma = V.real_in(gamma, "gamma", 0.0, 1.0)
     nxt = torch.zeros_like(m)
     nxt[..., :-1] = m[..., 1:]
@@ -231,7 +245,8 @@ def value_targets(rewards: Tensor, values: Tensor, mask, kind: str = "gae", *, g
             hold anything.
         mask: ``[N, T]`` prefix mask of real tokens.
         kind: one of :data:`~rlkit.llm.credit.VALUE_TARGETS`.
-        gamma: in ``[0, 1]``; lam: in ``[0, 1]`` (``"lambda"``, ``"gae"``); n: int ``>= 1`` (``"nstep"``).
+        gamma: in ``[0, 1]``; lam: in ``[0, 1]`` (``"lambda"``, ``"gae"``); n: int ``>= 1`` (``"nstep"``; checked
+            for every kind).
 
     Returns:
         ``[N, T]`` targets, 0 at padding. Chapter: 14_credit_over_tokens (eqs. ``eq-ch14-nstep``, ``eq-ch14-lambda``).
@@ -241,8 +256,9 @@ def value_targets(rewards: Tensor, values: Tensor, mask, kind: str = "gae", *, g
     disc = response_discounts(m, gamma)
     nv = _next_values(v, m)
     lam = V.real_in(lam, "lam", 0.0, 1.0)
+    n = V.int_in(n, "n")
     if kind == "nstep":
-        out = n_step_returns(r, disc, nv, V.int_in(n, "n"))
+        out = n_step_returns(r, disc, nv, n)
     elif kind == "lambda":
         out = lambda_returns(r, disc, nv, lam)
     elif kind == "mc":
@@ -276,11 +292,14 @@ def state_values(critic: nn.Module, rollout: Rollout) -> Tensor:
     returns ``[N, P + T]`` (:class:`~rlkit.llm.ValueHead`, :class:`HiddenValueHead`).
     Chapter: 14_credit_over_tokens.
     """
+    V.is_callable(critic, "critic")
     V.instance_of(rollout, "rollout", Rollout)
     P, T = rollout.prompt_ids.shape[1], rollout.response_ids.shape[1]
     ids = torch.cat([rollout.prompt_ids, rollout.response_ids], 1)
     att = torch.cat([rollout.prompt_mask, torch.ones_like(rollout.response_ids, dtype=torch.bool)], 1)
-    return critic(ids, attention_mask=att)[:, P - 1:P - 1 + T]
+    out = V.instance_of(critic(ids, attention_mask=att), "the values critic returned", Tensor)
+    V.exact_shape(out, "the values critic returned", ids.shape, "[N, P + T]")
+    return out[:, P - 1:P - 1 + T]
 
 
 def _targets(tok: CharTokenizer, problems: Sequence[Problem], device=None) -> list[list[int]]:
@@ -296,7 +315,8 @@ def first_wrong_token(tok: CharTokenizer, response_ids: Tensor, mask, problems: 
     V.instance_of(tok, "tok", CharTokenizer)
     V.index_tensor(response_ids, "response_ids", dim=2, n=tok.vocab_size)
     m = response_mask(mask, response_ids.float(), "response_ids")
-    V.same_length(list(problems), "problems", response_ids, "response_ids")
+    problems = V.tuple_of(problems, "problems", Problem)
+    V.same_length(problems, "problems", response_ids, "response_ids")
     out = []
     for row, L, tgt in zip(response_ids.tolist(), m.sum(-1).long().tolist(), _targets(tok, problems)):
         w = next((t for t in range(L) if t >= len(tgt) or row[t] != tgt[t]), None)
@@ -315,12 +335,14 @@ def most_negative_token(advantages: Tensor, mask, tol: float = 0.0) -> Tensor:
     of a response with two or more tokens) therefore never singles out a token.
 
     Args:
-        advantages: ``[N, T]`` float; mask: ``[N, T]`` prefix mask; tol: a finite number ``>= 0``.
+        advantages: ``[N, T]`` float, finite at the real tokens; mask: ``[N, T]`` prefix mask; tol: a finite
+            number ``>= 0``.
 
     Chapter: 14_credit_over_tokens.
     """
     V.float_tensor(advantages, "advantages", 2)
     m = response_mask(mask, advantages, "advantages")
+    V.tensor_in(_zero_pad(advantages, m), "advantages (at real tokens)")
     tol = V.real_in(tol, "tol", 0.0)
     N, T = advantages.shape[0], advantages.shape[-1]
     if T == 0 or N == 0:
@@ -352,8 +374,11 @@ def exact_match_values(model, tok: CharTokenizer, rollout: Rollout, problems: Se
     Returns:
         ``[N, T]`` float32. Chapter: 14_credit_over_tokens.
     """
+    V.is_callable(model, "model")
+    V.instance_of(tok, "tok", CharTokenizer)
     V.instance_of(rollout, "rollout", Rollout)
-    V.same_length(list(problems), "problems", rollout.response_ids, "rollout.response_ids")
+    problems = V.tuple_of(problems, "problems", Problem)
+    V.same_length(problems, "problems", rollout.response_ids, "rollout.response_ids")
     m = response_mask(rollout.mask, rollout.mask.float(), "rollout.mask")
     N, T = rollout.response_ids.shape
     out = torch.zeros(N, T)
@@ -398,7 +423,7 @@ def mc_prefix_values(model, tok: CharTokenizer, task: Task, problems: Sequence[P
     Args:
         model, tok: the policy and its tokenizer.
         task: the task (its checker, token checker and budget).
-        problems: ``M`` problems; prefixes: ``M`` strings, the response so far (no ``<eos>``).
+        problems: a list of ``M`` problems; prefixes: a list of ``M`` strings, the response so far (no ``<eos>``).
         k: continuations per prefix, an int ``>= 2``.
         generator: a ``torch.Generator`` for the sampler.
         batch_rows: rows per call of the sampler.
@@ -406,11 +431,14 @@ def mc_prefix_values(model, tok: CharTokenizer, task: Task, problems: Sequence[P
     Returns:
         ``(values [M], standard_errors [M])`` float32. Chapter: 14_credit_over_tokens.
     """
+    V.is_callable(model, "model")
+    V.instance_of(tok, "tok", CharTokenizer)
     V.instance_of(task, "task", Task)
-    problems, prefixes = list(problems), V.str_list(list(prefixes), "prefixes")
+    problems, prefixes = V.tuple_of(problems, "problems", Problem), V.str_list(prefixes, "prefixes")
     V.same_length(problems, "problems", prefixes, "prefixes")
     k = V.int_in(k, "k", 2)
     batch_rows = V.int_in(batch_rows, "batch_rows")
+    V.boolean(token_checker, "token_checker")
     fn = (task.token_checkers if token_checker else task.checkers).get(checker)
     if fn is None:
         kind = "token checker" if token_checker else "checker"
@@ -419,7 +447,7 @@ def mc_prefix_values(model, tok: CharTokenizer, task: Task, problems: Sequence[P
         if len(pre) >= task.max_new_tokens:
             raise ValueError(f"prefixes[{i}] has {len(pre)} tokens: it leaves no budget "
                              f"(max_new_tokens = {task.max_new_tokens})")
-    dev = next(model.parameters()).device
+    dev = device_of(model)
     by_len: dict[int, list] = {}
     for i in range(len(problems)):
         by_len.setdefault(len(prefixes[i]), []).extend([i] * k)
@@ -457,6 +485,8 @@ def token_kl_exact(model, ref_model, rollout: Rollout) -> Tensor:
     of the sampled k1 terms, with less variance (only the sampled path is random).
     Chapter: 14_credit_over_tokens.
     """
+    V.is_callable(model, "model")
+    V.is_callable(ref_model, "ref_model")
     V.instance_of(rollout, "rollout", Rollout)
     m = response_mask(rollout.mask, rollout.mask.float(), "rollout.mask")
     P, T = rollout.prompt_ids.shape[1], rollout.response_ids.shape[1]

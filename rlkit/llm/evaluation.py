@@ -17,10 +17,17 @@ __all__ = ["encode_prompts", "device_of", "evaluate"]
 
 
 def encode_prompts(problems: Sequence[Problem], tok: CharTokenizer, device=None):
-    """``(prompt_ids [B, P], prompt_mask [B, P])`` of the problems' prompts, left-padded."""
+    """``(prompt_ids [B, P], prompt_mask [B, P])`` of the problems' prompts, left-padded.
+
+    ``problems``: a list of problems; ``device``: None (the CPU), a ``torch.device`` or a device string.
+    """
     V.instance_of(tok, "tok", CharTokenizer)
-    return tok.encode_batch([V.instance_of(p, f"problems[{i}]", Problem).prompt for i, p in enumerate(problems)],
-                            device=device)
+    problems = V.tuple_of(problems, "problems", Problem)
+    if device is not None and not isinstance(device, torch.device):
+        # imported here: rlkit.rollout brings gymnasium, which rlkit.llm does not otherwise import
+        from ..rollout import check_device
+        device = check_device(device, "device")
+    return tok.encode_batch([p.prompt for p in problems], device=device)
 
 
 def device_of(model) -> torch.device:
@@ -50,6 +57,7 @@ def evaluate(model, tok: CharTokenizer, task: Task, problems: Sequence[Problem],
         ``{"accuracy": mean reward (float), "rewards": [n] tensor, "responses": list[str]}``.
         An empty ``problems`` is refused (an accuracy of nothing is not a number). Chapter: 07_tiny_llm.
     """
+    V.is_callable(model, "model")
     V.instance_of(tok, "tok", CharTokenizer)
     V.instance_of(task, "task", Task)
     V.instance_of(problems, "problems", (list, tuple), "list of Problem")

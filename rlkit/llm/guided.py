@@ -134,6 +134,7 @@ def guided_logits(logits: Tensor, next_values: Tensor, eta: float) -> Tensor:
         ``[..., V]``. Chapter: 20_value_guided_decoding.
     """
     V.has_categories(logits, "logits")
+    V.float_tensor(next_values, "next_values")
     V.same_layout(logits, "logits", next_values, "next_values")
     if bool(torch.isnan(next_values).any()) or bool(torch.isposinf(next_values).any()):
         raise ValueError("next_values must be finite or -inf (a banned candidate), found NaN or +inf")
@@ -161,7 +162,9 @@ def log_normaliser(logits: Tensor, next_values: Tensor, value: Tensor, eta: floa
         ``[...]``. Chapter: 20_value_guided_decoding (eq. ``eq-ch20-normaliser``).
     """
     V.has_categories(logits, "logits")
+    V.float_tensor(next_values, "next_values")
     V.same_layout(logits, "logits", next_values, "next_values")
+    V.float_tensor(value, "value", min_dim=0)
     V.same_layout(logits, "logits", value, "value", shape=logits.shape[:-1])
     eta = _eta(eta)
     if eta == 0.0:
@@ -198,6 +201,8 @@ def random_token_tree(branching: int, depth: int, *, generator: torch.Generator 
         raise ValueError(f"branching ** depth = {K ** D} leaves is too many to enumerate (at most 10**6)")
     scale = V.real_in(scale, "scale", 0.0)
     dtype = V.floating_dtype(dtype, "dtype")
+    if generator is not None:
+        V.instance_of(generator, "generator", torch.Generator)
     logits = [scale * torch.randn(K ** d, K, generator=generator, dtype=dtype) for d in range(D)]
     return logits, torch.rand(K ** D, generator=generator, dtype=dtype)
 
@@ -342,6 +347,9 @@ class SuccessCritic(nn.Module):
     def features(self, ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         """The frozen model's final hidden states ``[B, T, n_embd]`` (no gradient)."""
         _, z = self.lm(ids, attention_mask=attention_mask, return_hidden=True)
+        width = self.head[0].in_features
+        if z.shape[-1] != width:
+            raise ValueError(f"n_embd={width} does not match lm, whose hidden states have {z.shape[-1]} features")
         return z
 
     def forward(self, ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
@@ -349,6 +357,11 @@ class SuccessCritic(nn.Module):
 
     @torch.no_grad()
     def log_success(self, context_ids: Tensor, context_mask: Tensor) -> Tensor:
+        """``[N, vocab_size]`` log success probabilities after ``context_ids [N, L]`` (int64, ``L >= 1``),
+        ``context_mask [N, L]`` bool: a ``log_success_fn`` for :class:`GuidedProcessor`."""
+        V.index_tensor(context_ids, "context_ids", dim=2, n=self.vocab_size)
+        V.int_in(context_ids.shape[1], "the context length context_ids.shape[1]")
+        V.bool_tensor(context_mask, "context_mask", context_ids, "context_ids")
         r""":math:`\log\hat P(S\mid h\oplus v)` ``[N, vocab_size]`` at the last position of each context row."""
         return F.logsigmoid(self.head(self.features(context_ids, context_mask)[:, -1]).float())
 
@@ -450,13 +463,18 @@ class GuidedProcessor:
         return f"GuidedProcessor(kind={self.kind!r}, eta={self.eta}, top_k={self.top_k}, top_p={self.top_p})"
 
     def __call__(self, context_ids: Tensor, context_mask: Tensor, logits: Tensor) -> Tensor:
+        V.index_tensor(context_ids, "context_ids", dim=2)
+        V.bool_tensor(context_mask, "context_mask", context_ids, "context_ids")
+        V.has_categories(logits, "logits")
+        V.exact_shape(logits, "logits", (context_ids.shape[0], logits.shape[-1]), "[N, V] (N rows of context_ids)")
         logp = sampling_logprobs(logits.float(), 1.0, self.top_k, self.top_p)
         if self.eta == 0.0:
             return logp
         ls = self.log_success_fn(context_ids, context_mask)
         if not isinstance(ls, Tensor) or ls.shape != logp.shape:
             got = tuple(ls.shape) if isinstance(ls, Tensor) else type(ls).__name__
-            raise ValueError(f"log_success_fn must return log-probabilities of shape {tuple(logp.shape)}, got {got}")
+            raise ValueError(f"log_success_fn must return log-probabilities of the shape of logits, "
+                             f"{tuple(logp.shape)}, got {got}")
         self.critic_rows += logp.shape[0]
         g = guidance_term(ls.to(logp.dtype), self.kind, self.eta)
         out = logp + g
@@ -484,6 +502,9 @@ def guided_token_kl(model, rollout: Rollout, logits_processor=None, *, temperatu
     Returns:
         ``[N]`` float32, 0 for empty responses. Chapter: 20_value_guided_decoding.
     """
+    V.is_callable(model, "model")
+    if logits_processor is not None:
+        V.is_callable(logits_processor, "logits_processor")
     V.instance_of(rollout, "rollout", Rollout)
     N, T = rollout.response_ids.shape
     P = rollout.prompt_ids.shape[1]

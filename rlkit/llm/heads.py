@@ -39,10 +39,14 @@ def response_positions(net, ro: Rollout, rows=None) -> torch.Tensor:
     """``net``'s outputs at the positions that score the response tokens of ``ro``: ``[B, T, ...]``.
 
     ``net`` is a :class:`LogitHead` or any model following the protocol of :mod:`rlkit.llm.model`;
-    ``rows`` (optional) selects responses. Output ``[:, t]`` is read after the prompt and
+    ``rows`` (optional) selects responses: a slice, a list of ints or a 1-D int64 tensor of row indices
+    in ``[0, N)``, or a bool mask ``[N]``. Output ``[:, t]`` is read after the prompt and
     ``response[:t]``, so it scores (or values the state before) response token ``t``.
     """
+    V.is_callable(net, "net")
+    V.instance_of(ro, "ro", Rollout)
     pid, pm, rid = ro.prompt_ids, ro.prompt_mask, ro.response_ids
+    rows = _rows(rows, len(ro), pid.device)
     if rows is not None:
         pid, pm, rid = pid[rows], pm[rows], rid[rows]
     P, T = pid.shape[1], rid.shape[1]
@@ -50,6 +54,19 @@ def response_positions(net, ro: Rollout, rows=None) -> torch.Tensor:
     att = torch.cat([pm, torch.ones_like(rid, dtype=torch.bool)], 1)
     out = net(ids, attention_mask=att) if isinstance(net, LogitHead) else call_model(net, ids, att)
     return out[:, P - 1:P - 1 + T]
+
+
+def _rows(rows, n: int, device):
+    """``rows`` of :func:`response_positions` checked: None, a slice, an int64 index tensor or a bool mask."""
+    if rows is None or isinstance(rows, slice):
+        return rows
+    if isinstance(rows, (list, tuple, range)):
+        rows = torch.tensor([V.int_in(r, f"rows[{i}]", -n, n - 1) for i, r in enumerate(rows)], dtype=torch.long,
+                            device=device)
+    V.instance_of(rows, "rows", torch.Tensor, "slice, a list of ints, an int64 tensor or a bool mask")
+    if rows.dtype == torch.bool:
+        return V.exact_shape(rows, "rows", (n,), "(a bool mask, one per response)")
+    return V.index_tensor(rows % n if rows.dtype == torch.int64 and n else rows, "rows", dim=1, n=n)
 
 
 class LogitHead(nn.Module):
@@ -107,6 +124,10 @@ class LogitHead(nn.Module):
                 z = self._features(ids, attention_mask)
         else:
             z = self._features(ids, attention_mask)
+        if z.shape[-1] != self.head.in_features:
+            what = "logits" if self.features == "logits" else "hidden states"
+            raise ValueError(f"width={self.head.in_features} does not match lm, whose {what} have "
+                             f"{z.shape[-1]} features")
         out = self.head(z)
         if not self.shape:
             return out.squeeze(-1)
@@ -126,7 +147,7 @@ class ValueHead(LogitHead):
     """
 
     def __init__(self, lm: nn.Module, vocab_size: int):
-        super().__init__(lm, vocab_size, ())
+        super().__init__(lm, V.int_in(vocab_size, "vocab_size"), ())
 
 
 class HiddenValueHead(LogitHead):
@@ -150,4 +171,9 @@ class HiddenValueHead(LogitHead):
     """
 
     def __init__(self, lm: nn.Module, hidden_size: int | None = None, freeze_body: bool = False, init: float = 0.0):
+        V.instance_of(lm, "lm", nn.Module)
+        if hidden_size is None:
+            hidden_size = V.given(getattr(getattr(lm, "config", None), "n_embd", None), "hidden_size",
+                                  "lm has no config.n_embd")
+        V.int_in(hidden_size, "hidden_size")
         super().__init__(lm, hidden_size, (), features="hidden", freeze_body=freeze_body, init=init)

@@ -77,6 +77,7 @@ class QHead(LogitHead):
     """
 
     def __init__(self, lm: nn.Module, vocab_size: int):   # TODO(0.4): remove (rlkit 0.2's name)
+        vocab_size = V.int_in(vocab_size, "vocab_size")
         super().__init__(lm, vocab_size, (vocab_size,))
 
 
@@ -175,9 +176,11 @@ def offpolicy_targets(target: str, log_rhos: torch.Tensor, rewards: torch.Tensor
 
     Args:
         target: one of :data:`TARGETS`.
-        log_rhos, rewards, values, next_values, discounts: ``[..., T]`` (0 at padding).
+        log_rhos, rewards, values, next_values, discounts: ``[..., T]`` (0 at padding); ``log_rhos``
+            without NaN (it is not read by ``"none"``).
         q_taken: ``[..., T]``, ``"retrace"`` only.
-        lam: :math:`\lambda \in [0, 1]`. clip_rho, clip_c: ``> 0``, ``"vtrace"`` only.
+        lam: :math:`\lambda \in [0, 1]`. clip_rho, clip_c: finite, ``> 0`` (checked always), read by
+            ``"vtrace"`` only.
 
     Returns:
         Three ``[..., T]`` tensors without gradient.
@@ -188,6 +191,11 @@ def offpolicy_targets(target: str, log_rhos: torch.Tensor, rewards: torch.Tensor
     V.matching_floats(log_rhos=log_rhos, rewards=rewards, values=values, next_values=next_values,
                       discounts=discounts)
     lam = V.real_in(lam, "lam", 0.0, 1.0)
+    V.real_in(clip_rho, "clip_rho", 0.0, lo_open=True)
+    V.real_in(clip_c, "clip_c", 0.0, lo_open=True)
+    if target != "none" and log_rhos.numel() and bool(torch.isnan(log_rhos).any()):
+        raise ValueError(f"log_rhos must not hold NaN (target={target!r} reads the ratios; -inf, a token the "
+                         f"learner never takes, is fine)")
     with torch.no_grad():
         if target == "none":
             V.unused(q_taken, "q_taken", "by target='retrace'")
@@ -223,7 +231,7 @@ def continuation_values(model, tok: CharTokenizer, task: Task, rollout: Rollout,
         model: the policy :math:`\pi` (an LM following the protocol).
         tok, task: the tokenizer and the task (its checker ``checker`` scores).
         rollout: ``[N, T]`` responses whose prefixes are valued.
-        problems: the ``N`` problems of the rows.
+        problems: a list of the ``N`` problems of the rows.
         n: continuations per prefix, ``>= 1``.
         generator: for the sampler.
 
@@ -232,9 +240,13 @@ def continuation_values(model, tok: CharTokenizer, task: Task, rollout: Rollout,
 
     Chapter: 16_offpolicy_multistep.
     """
+    V.is_callable(model, "model")
+    V.instance_of(tok, "tok", CharTokenizer)
+    V.instance_of(task, "task", Task)
     V.instance_of(rollout, "rollout", Rollout)
     n = V.int_in(n, "n")
-    V.same_length(list(problems), "problems", list(range(len(rollout))), "rollout")
+    problems = V.tuple_of(problems, "problems", Problem)
+    V.same_length(problems, "problems", list(range(len(rollout))), "rollout")
     dev = rollout.response_ids.device
     N, T = rollout.response_ids.shape
     out = torch.zeros(N, T)
@@ -263,15 +275,22 @@ def target_errors(probes: Sequence[dict], name: str, ages: Sequence[int] | None 
     with :math:`\hat p` the mean of :math:`K` continuation rewards (0/1): the second term removes
     the truth's own sampling variance, so the estimate is unbiased for the error against the
     exact :math:`V^{\pi_k}`. ``probes`` are :class:`ValueProbes`' (``result.probes``); only rows
-    whose age is in ``ages`` count (all if ``None``). Returns ``(mse, n_tokens)``; ``(nan, 0)``
-    when nothing matches.
+    whose age is in ``ages`` (a list of ints, or ``None``: all) count. Returns ``(mse, n_tokens)``;
+    ``(nan, 0)`` when nothing matches. A ``name`` that is not an estimate of the probes raises ``ValueError``.
 
     Chapter: 16_offpolicy_multistep.
     """
+    V.instance_of(probes, "probes", (list, tuple), "list of ValueProbes' probe dicts (result.probes)")
+    V.nonempty_str(name, "name")
+    if ages is not None:
+        V.instance_of(ages, "ages", (list, tuple, range), "list of ints")
+        for i, a in enumerate(ages):
+            V.int_in(a, f"ages[{i}]", 0)
     tot, n = 0.0, 0
-    for p in probes:
+    for i, p in enumerate(probes):
+        V.dict_keys(p, f"probes[{i}]", required=["age", "mask", "truth", "n", "estimates"], optional=["step"])
         if name not in p["estimates"]:
-            raise KeyError(f"no estimate {name!r} in the probes (have {sorted(p['estimates'])})")
+            raise ValueError(f"name={name!r} is not an estimate of probes[{i}] (it has {sorted(p['estimates'])})")
         rows = torch.ones_like(p["age"], dtype=torch.bool) if ages is None else \
             torch.isin(p["age"], torch.as_tensor(list(ages), dtype=p["age"].dtype))
         m = (p["mask"] > 0) & rows[:, None]
@@ -419,7 +438,11 @@ def train_lagged(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig
 
     Chapter: 16_offpolicy_multistep.
     """
+    V.instance_of(model, "model", nn.Module)
+    V.boolean(verbose, "verbose")
     cfg, lagged = _check_lagged_args(cfg, lagged, pool, timeout)
+    if eval_problems is not None:
+        V.tuple_of(eval_problems, "eval_problems", Problem)
     probes = [] if lagged.probe_every is None else \
         [ValueProbes(lagged.probe_every, lagged.probe_rows, lagged.probe_continuations)]
     res = train(model, tok, task, cfg,

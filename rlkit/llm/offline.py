@@ -29,7 +29,8 @@ import torch.nn.functional as F
 
 from .. import _validate as V
 from ..offline import awr_weights, cql_penalty, expectile_loss
-from .evaluation import encode_prompts
+from .credit import response_mask
+from .evaluation import device_of, encode_prompts
 from .sampling import sample, token_logprobs
 from .tasks import Problem, Task
 from .tokenizer import CharTokenizer
@@ -51,10 +52,13 @@ class LogDataset:
     * ``response_ids`` ``[N, T]`` long, right-padded; ``mask`` ``[N, T]`` float 0/1 (``<eos>`` included).
     * ``behaviour_logprobs`` ``[N, T]``: :math:`\log\mu(y_t\mid h_t)` under the distribution that
       sampled the row (its temperature applied), 0 at padding.
-    * ``rewards`` ``[N]``: the task's checker on the response.
-    * ``temperature`` ``[N]``: the logging policy of the row (its sampling temperature).
+    * ``rewards`` ``[N]`` float: the task's checker on the response.
+    * ``temperature`` ``[N]`` float, ``> 0``: the logging policy of the row (its sampling temperature).
     * ``prompt_index`` ``[N]`` long: rows with the same index answer the same prompt.
-    * ``problems``: ``N`` :class:`~rlkit.llm.tasks.Problem`.
+    * ``problems``: a list of ``N`` :class:`~rlkit.llm.tasks.Problem`.
+
+    Every field is checked when the dataset is built (a :class:`ValueError` or :class:`TypeError` that
+    names the field).
 
     ``len(logs)`` is ``N``; ``logs.select(idx)`` keeps some rows. Chapter: 21_offline_rl_ope.
     """
@@ -70,31 +74,39 @@ class LogDataset:
     problems: list
 
     def __post_init__(self):
-        N = self.response_ids.shape[0] if isinstance(self.response_ids, Tensor) else None
         V.prompt_batch(self.prompt_ids, self.prompt_mask, ids_name="LogDataset.prompt_ids",
                        mask_name="LogDataset.prompt_mask")
         V.index_tensor(self.response_ids, "LogDataset.response_ids", dim=2)
-        V.check_mask(self.mask, self.behaviour_logprobs, "LogDataset.behaviour_logprobs", "LogDataset.mask")
+        N = self.response_ids.shape[0]
         V.float_tensor(self.behaviour_logprobs, "LogDataset.behaviour_logprobs", min_dim=2)
+        V.exact_shape(self.response_ids, "LogDataset.response_ids", self.behaviour_logprobs.shape,
+                      "the shape of LogDataset.behaviour_logprobs")
+        V.check_mask(self.mask, self.behaviour_logprobs, "LogDataset.behaviour_logprobs", "LogDataset.mask")
         V.same_length(self.response_ids, "LogDataset.response_ids", self.prompt_ids, "LogDataset.prompt_ids")
-        for name in ("rewards", "temperature", "prompt_index"):
-            x = getattr(self, name)
-            if not isinstance(x, Tensor) or x.shape != (N,):
-                got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-                raise ValueError(f"LogDataset.{name} must be a [N] tensor with N = {N}, got {got}")
-        V.same_length(list(self.problems), "LogDataset.problems", self.response_ids, "LogDataset.response_ids")
+        for name in ("rewards", "temperature"):
+            V.exact_shape(V.float_tensor(getattr(self, name), f"LogDataset.{name}"), f"LogDataset.{name}", (N,), "[N]")
+        V.tensor_in(self.temperature, "LogDataset.temperature", 0.0, lo_open=True)
+        V.index_tensor(self.prompt_index, "LogDataset.prompt_index", shape=(N,), shape_of="[N]")
+        V.tuple_of(self.problems, "LogDataset.problems", Problem)
+        V.same_length(self.problems, "LogDataset.problems", self.response_ids, "LogDataset.response_ids")
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]
 
     def select(self, idx) -> LogDataset:
-        """The rows ``idx`` (a 1-D long tensor, a list of ints, or a bool mask ``[N]``)."""
-        idx = torch.as_tensor(idx)
+        """The rows ``idx`` (a 1-D int64 tensor, a list of ints, or a bool mask ``[N]``)."""
+        V.instance_of(idx, "idx", (Tensor, list, tuple, range), "1-D int64 tensor, a list of ints or a bool mask")
+        if not isinstance(idx, Tensor):
+            items = list(idx)
+            mask = bool(items) and all(isinstance(x, bool) for x in items)
+            if not mask:
+                for i, x in enumerate(items):
+                    V.int_in(x, f"idx[{i}]", 0)
+            idx = torch.tensor(items, dtype=torch.bool if mask else torch.long)
         if idx.dtype == torch.bool:
             V.exact_shape(idx, "idx", (len(self),), "a bool mask [N]")
             idx = idx.nonzero().flatten()
-        V.index_tensor(idx.long(), "idx", dim=1, n=len(self))
-        idx = idx.long()
+        V.index_tensor(idx, "idx", dim=1, n=len(self))
         keep = {f.name: getattr(self, f.name)[idx.to(getattr(self, f.name).device)] for f in fields(self)
                 if f.name in _TENSORS}
         return LogDataset(**keep, problems=[self.problems[i] for i in idx.tolist()])
@@ -119,14 +131,17 @@ def collect_logs(model, tok: CharTokenizer, task: Task, problems: Sequence[Probl
     Returns: a :class:`LogDataset` of ``len(problems) * len(temperatures) * samples_per_temperature`` rows.
     Chapter: 21_offline_rl_ope.
     """
+    V.is_callable(model, "model")
     V.instance_of(tok, "tok", CharTokenizer)
     V.instance_of(task, "task", Task)
+    problems = V.tuple_of(problems, "problems", Problem)
     V.int_in(len(problems), "len(problems)")
-    temps = [V.real_in(t, f"temperatures[{i}]", 0.0, lo_open=True) for i, t in enumerate(temperatures)]
+    temps = [V.real_in(t, f"temperatures[{i}]", 0.0, lo_open=True)
+             for i, t in enumerate(V.real_list(temperatures, "temperatures"))]
     V.int_in(len(temps), "len(temperatures)")
     k = V.int_in(samples_per_temperature, "samples_per_temperature")
     rows = [(j, p, t) for j, p in enumerate(problems) for t in temps for _ in range(k)]
-    dev = next(model.parameters()).device
+    dev = device_of(model)
     parts = []
     for t in temps:
         sel = [r for r in rows if r[2] == t]
@@ -160,6 +175,7 @@ def response_logprobs(model, logs: LogDataset, temperature: float = 1.0, batch_s
     ``temperature`` is the target's sampling temperature (1: the model itself). No gradient.
     Chapter: 21_offline_rl_ope.
     """
+    V.is_callable(model, "model")
     V.instance_of(logs, "logs", LogDataset)
     V.int_in(batch_size, "batch_size")
     out = []
@@ -181,9 +197,11 @@ def answer_probability(model, tok: CharTokenizer, problems: Sequence[Problem], t
     so the on-policy truth needs no sampling at all (chapter 14's eq. ``eq-ch14-exact`` at
     :math:`h_0`). ``temperature`` is the policy's sampling temperature. Chapter: 21_offline_rl_ope.
     """
+    V.is_callable(model, "model")
     V.instance_of(tok, "tok", CharTokenizer)
+    problems = V.tuple_of(problems, "problems", Problem)
     V.int_in(len(problems), "len(problems)")
-    dev = next(model.parameters()).device
+    dev = device_of(model)
     ids, pm = encode_prompts(problems, tok, dev)
     tgt = [tok.encode(p.answer, eos=True) for p in problems]
     U = max(len(t) for t in tgt)
@@ -237,13 +255,16 @@ def train_weighted_bc(model: nn.Module, logs: LogDataset, weights: Tensor | None
     Args:
         model: the policy (trained in place). logs: a :class:`LogDataset`.
         weights: None (BC), ``[N]`` or ``[N, T]`` finite non-negative weights (detached).
-        steps, batch_size, lr, grad_clip: the optimisation. seed: which rows each step draws.
+        steps, batch_size, lr, grad_clip: the optimisation (``grad_clip > 0``, ``inf``: no clipping).
+        seed: which rows each step draws.
 
     Returns: the list of per-step losses (NaN for a skipped step). Chapter: 21_offline_rl_ope.
     """
+    V.instance_of(model, "model", nn.Module)
     V.instance_of(logs, "logs", LogDataset)
     N, T = logs.response_ids.shape
     V.int_in(N, "len(logs)")
+    grad_clip = V.real_in(grad_clip, "grad_clip", 0.0, lo_open=True, allow_inf=True)
     if weights is None:
         w = torch.ones(N, T, device=logs.mask.device)
     else:
@@ -289,7 +310,9 @@ def response_features(model, logs: LogDataset, batch_size: int = 2048) -> Tensor
     padding holds zeros. Computed once, a frozen feature map for critics fitted on the log.
     Chapter: 21_offline_rl_ope.
     """
+    V.is_callable(model, "model")
     V.instance_of(logs, "logs", LogDataset)
+    batch_size = V.int_in(batch_size, "batch_size")
     P = logs.prompt_ids.shape[1]
     T = logs.response_ids.shape[1]
     out = []
@@ -320,6 +343,7 @@ class TokenCritic(nn.Module):
             self.v = nn.Linear(hidden_size, 1)
 
     def forward(self, z: Tensor):
+        V.feature_tensor(z, "z", self.q.in_features, like=self.q.weight)
         return self.q(z), self.v(z).squeeze(-1)
 
 
@@ -340,17 +364,15 @@ def fit_token_critic(critic: TokenCritic, features: Tensor, logs: LogDataset, *,
     Args:
         critic: the heads (trained in place). features: ``[N, T, d]`` from :func:`response_features`.
         logs: the :class:`LogDataset` the features belong to.
-        kappa: the expectile level. cql_alpha: :math:`\alpha_{\rm CQL} \ge 0` (0: plain IQL).
+        kappa: the expectile level, in ``(0, 1)``. cql_alpha: :math:`\alpha_{\rm CQL} \ge 0` (0: plain IQL).
         steps, lr: full-batch Adam steps. gamma: the per-token discount.
 
     Returns: ``{"q_loss": [...], "v_loss": [...], "cql": [...]}`` per step. Chapter: 21_offline_rl_ope.
     """
     V.instance_of(critic, "critic", TokenCritic)
     V.instance_of(logs, "logs", LogDataset)
-    N, T = logs.response_ids.shape
-    V.float_tensor(features, "features", min_dim=3)
-    if features.shape[:2] != (N, T):
-        raise ValueError(f"features must be [N, T, d] = [{N}, {T}, d] for these logs, got {tuple(features.shape)}")
+    _check_features(features, critic, logs)
+    V.real_in(kappa, "kappa", 0.0, 1.0, lo_open=True, hi_open=True)
     cql_alpha = V.real_in(cql_alpha, "cql_alpha", 0.0)
     gamma = V.real_in(gamma, "gamma", 0.0, 1.0)
     steps = V.int_in(steps, "steps", 0)
@@ -380,6 +402,16 @@ def fit_token_critic(critic: TokenCritic, features: Tensor, logs: LogDataset, *,
     return hist
 
 
+def _check_features(features, critic: TokenCritic, logs: LogDataset) -> None:
+    """``features`` must be ``[N, T, d]`` for ``logs`` (``[N, T]``), with the critic's width, dtype and device."""
+    N, T = logs.response_ids.shape
+    d = critic.q.in_features
+    V.feature_tensor(features, "features", d, like=critic.q.weight)
+    if tuple(features.shape) != (N, T, d):
+        raise ValueError(f"features must be [N, T, d] = [{N}, {T}, {d}] for these logs and this critic, "
+                         f"got {tuple(features.shape)}")
+
+
 @torch.no_grad()
 def iql_token_weights(critic: TokenCritic, features: Tensor, logs: LogDataset, beta: float = 1 / 3,
                       max_weight: float = 100.0) -> Tensor:
@@ -391,9 +423,14 @@ def iql_token_weights(critic: TokenCritic, features: Tensor, logs: LogDataset, b
     Chapter: 21_offline_rl_ope.
     """
     V.instance_of(critic, "critic", TokenCritic)
+    V.instance_of(logs, "logs", LogDataset)
+    _check_features(features, critic, logs)
     q, v = critic(features)
     adv = q.gather(-1, logs.response_ids.unsqueeze(-1)).squeeze(-1) - v
-    return awr_weights(adv, beta, max_weight, mask=logs.mask > 0)
+    real = logs.mask > 0
+    V.tensor_in(torch.where(real, adv, torch.zeros((), dtype=adv.dtype)), "Q(h, y) - V(h) of the critic on features "
+                                                                          "(at real tokens)")
+    return awr_weights(adv, beta, max_weight, mask=real)
 
 
 def q_logits_processor(critic: TokenCritic, model) -> Callable:
@@ -405,9 +442,15 @@ def q_logits_processor(critic: TokenCritic, model) -> Callable:
     Chapter: 21_offline_rl_ope.
     """
     V.instance_of(critic, "critic", TokenCritic)
+    V.is_callable(model, "model")
+    vocab = critic.q.out_features
 
     @torch.no_grad()
     def proc(ctx_ids, ctx_mask, logits):
+        V.index_tensor(ctx_ids, "ctx_ids", dim=2)
+        V.bool_tensor(ctx_mask, "ctx_mask", ctx_ids, "ctx_ids")
+        V.has_categories(logits, "logits")
+        V.exact_shape(logits, "logits", (ctx_ids.shape[0], vocab), "[N, vocab_size of the critic]")
         _, z = model(ctx_ids, attention_mask=ctx_mask, return_hidden=True)
         q, _ = critic(z[:, -1])
         return q.to(logits.dtype)
@@ -429,15 +472,27 @@ class RewardProbe(nn.Module):
 
     def __init__(self, model, seed: int = 0):
         super().__init__()
+        V.is_callable(model, "model")
+        d = getattr(getattr(model, "config", None), "n_embd", None)
+        if d is None:
+            raise TypeError(f"model must have config.n_embd (the width of its hidden states, as rlkit.llm.GPT has), "
+                            f"got {type(model).__name__}")
         self.model = model
-        d = model.config.n_embd
         with torch.random.fork_rng():
             torch.manual_seed(V.int_in(seed, "seed", 0))
             self.head = nn.Linear(d, 1)
 
     @torch.no_grad()
     def features(self, prompt_ids, prompt_mask, response_ids, mask) -> Tensor:
-        """``[N, d]`` hidden states at each response's last real token."""
+        """``[N, d]`` hidden states at each response's last real token.
+
+        ``prompt_ids [N, P]`` int64 and ``prompt_mask [N, P]`` bool (left-padded), ``response_ids [N, T]``
+        int64 and ``mask [N, T]`` (a prefix mask of the real tokens, bool or 0/1), as in a rollout.
+        """
+        V.prompt_batch(prompt_ids, prompt_mask)
+        V.index_tensor(response_ids, "response_ids", dim=2)
+        V.same_length(response_ids, "response_ids", prompt_ids, "prompt_ids")
+        response_mask(mask, response_ids.float(), "response_ids")
         P = prompt_ids.shape[1]
         ids = torch.cat([prompt_ids, response_ids], 1)
         att = torch.cat([prompt_mask, torch.ones_like(response_ids, dtype=torch.bool)], 1)
@@ -451,13 +506,17 @@ class RewardProbe(nn.Module):
             return torch.sigmoid(self.head(self.features(prompt_ids, prompt_mask, response_ids, mask))).squeeze(-1)
 
     def fit(self, logs: LogDataset, steps: int = 300, lr: float = 0.05, weight_decay: float = 0.0) -> list:
-        """Fit on ``logs.rewards`` in [0, 1]; returns the per-step losses."""
+        """Fit on ``logs.rewards`` in [0, 1] (``steps >= 0`` Adam steps, ``lr > 0``, ``weight_decay >= 0``);
+        returns the per-step losses."""
         V.instance_of(logs, "logs", LogDataset)
         V.tensor_in(logs.rewards, "logs.rewards", 0.0, 1.0)
+        steps = V.int_in(steps, "steps", 0)
+        lr = V.real_in(lr, "lr", 0.0, lo_open=True)
+        weight_decay = V.real_in(weight_decay, "weight_decay", 0.0)
         z = self.features(logs.prompt_ids, logs.prompt_mask, logs.response_ids, logs.mask)
         opt = torch.optim.Adam(self.head.parameters(), lr=lr, weight_decay=weight_decay)
         out = []
-        for _ in range(V.int_in(steps, "steps", 0)):
+        for _ in range(steps):
             loss = F.binary_cross_entropy_with_logits(self.head(z).squeeze(-1), logs.rewards.to(z.dtype))
             opt.zero_grad(set_to_none=True)
             loss.backward()

@@ -67,6 +67,7 @@ class TrainConfig(V.ValidatedConfig):
 
 def make_corpus(cfg: CorpusConfig) -> list[str]:
     """The corpus lines (training-split prompts only), deterministic given ``cfg.seed``."""
+    V.instance_of(cfg, "cfg", CorpusConfig)
     rng = random.Random(cfg.seed)
     lines = []
     for _ in range(cfg.n_lines):
@@ -88,10 +89,16 @@ def encode_corpus(lines: list[str], tok: CharTokenizer):
     """Split each line at its first '=' into a prompt and a response; return padded tensors.
 
     Returns ``(prompt_ids [N, P] left-padded, prompt_mask [N, P] bool, response_ids [N, R]
-    right-padded, response_mask [N, R] float)``; the response includes ``<eos>``.
+    right-padded, response_mask [N, R] float)``; the response includes ``<eos>``. ``lines``: a
+    non-empty list of strs, each with a ``=`` that has at least one character before it.
     """
+    lines = V.str_list(lines, "lines")
+    V.int_in(len(lines), "len(lines)")
+    V.instance_of(tok, "tok", CharTokenizer)
     prompts, responses = [], []
-    for line in lines:
+    for i, line in enumerate(lines):
+        if line.find("=") < 1:
+            raise ValueError(f"lines[{i}] = {line!r} must be a prompt ending in '=' followed by its answer")
         k = line.index("=") + 1
         prompts.append(tok.encode(line[:k]))
         responses.append(tok.encode(line[k:]))
@@ -111,7 +118,12 @@ def encode_corpus(lines: list[str], tok: CharTokenizer):
 
 def pretrain(model_cfg: GPTConfig | None = None, corpus_cfg: CorpusConfig | None = None,
              train_cfg: TrainConfig | None = None, log_every: int = 250, verbose: bool = True):
-    """Train a fresh :class:`~rlkit.llm.GPT` on the corpus; return ``(model, tokenizer, metadata)``."""
+    """Train a fresh :class:`~rlkit.llm.GPT` on the corpus; return ``(model, tokenizer, metadata)``.
+
+    ``log_every``: an int ``>= 1`` (steps between printed losses); ``verbose``: True or False.
+    """
+    log_every = V.int_in(log_every, "log_every")
+    V.boolean(verbose, "verbose")
     corpus_cfg = V.instance_of(corpus_cfg or CorpusConfig(), "corpus_cfg", CorpusConfig)
     train_cfg = V.instance_of(train_cfg or TrainConfig(), "train_cfg", TrainConfig)
     tok = CharTokenizer()

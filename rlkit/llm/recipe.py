@@ -101,12 +101,15 @@ def ensemble_rewards(task: Task, responses: Sequence[str], problems: Sequence[Pr
               \sigma_i = \Big(\frac1K\sum_k (r^{(k)}_i - \bar r_i)^2\Big)^{1/2}
 
     (the population deviation: 0 when every judge agrees, 0.5 for two judges that disagree).
-    ``judges`` are checker names of ``task``. Chapter: 24_pitfalls_recipe.
+    ``judges`` are checker names of ``task``; ``responses`` a list of strs and ``problems`` a list of
+    problems, one per response. Chapter: 24_pitfalls_recipe.
     """
-    judges = list(judges)
+    V.instance_of(task, "task", Task)
+    judges = V.str_list(judges, "judges")
     V.int_in(len(judges), "len(judges)")
-    for j in judges:
-        V.choice(j, "a judge", list(task.checkers))
+    for i, j in enumerate(judges):
+        V.choice(j, f"judges[{i}]", list(task.checkers))
+    responses, problems = V.str_list(responses, "responses"), V.tuple_of(problems, "problems", Problem)
     if len(responses) == 0:
         return torch.zeros(0), torch.zeros(0)
     r = torch.stack([task.score(list(responses), list(problems), j) for j in judges])
@@ -192,6 +195,7 @@ class RewardCostQHead(LogitHead):
     """
 
     def __init__(self, lm: nn.Module, vocab_size: int):   # TODO(0.4): remove (rlkit 0.2's name)
+        vocab_size = V.int_in(vocab_size, "vocab_size")
         super().__init__(lm, vocab_size, (2, vocab_size))
 
 
@@ -210,9 +214,14 @@ def q_guidance(critic: LogitHead, eta: float, lam: float = 0.0):
         raise ValueError(f"critic must be a LogitHead of shape (2, vocab_size) (Q_r and Q_c), got shape {critic.shape}")
     eta = V.real_in(eta, "eta", 0.0)
     lam = V.real_in(lam, "lam", 0.0)
+    vocab = critic.shape[1]
 
     @torch.no_grad()
     def guide(context_ids, context_mask, logits):
+        V.index_tensor(context_ids, "context_ids", dim=2)
+        V.bool_tensor(context_mask, "context_mask", context_ids, "context_ids")
+        V.has_categories(logits, "logits")
+        V.exact_shape(logits, "logits", (context_ids.shape[0], vocab), "[N, vocab_size of the critic]")
         q = critic(context_ids, attention_mask=context_mask)[:, -1]
         return guided_logits(logits, (q[:, 0] - lam * q[:, 1]).to(logits.dtype), eta)
 
@@ -287,6 +296,7 @@ def recipe_parts(tok, cfg: RLConfig | None = None, recipe: RecipeConfig | None =
     Every call builds new parts (the multiplier and the critic keep their state).
     Chapter: 24_pitfalls_recipe.
     """
+    V.instance_of(tok, "tok", CharTokenizer)
     cfg = RLConfig(algo="ppo") if cfg is None else V.instance_of(cfg, "cfg", RLConfig)
     recipe = RecipeConfig() if recipe is None else V.instance_of(recipe, "recipe", RecipeConfig)
     task = RECIPE_TASK if task is None else V.instance_of(task, "task", Task, "rlkit.llm.tasks.Task")
@@ -338,6 +348,8 @@ def train_recipe(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig
 
     Chapter: 24_pitfalls_recipe.
     """
+    V.instance_of(model, "model", nn.Module)
+    V.boolean(verbose, "verbose")
     cfg = RLConfig(algo="ppo") if cfg is None else V.instance_of(cfg, "cfg", RLConfig)
     recipe = RecipeConfig() if recipe is None else V.instance_of(recipe, "recipe", RecipeConfig)
     if cfg.algo != "ppo":
@@ -364,7 +376,8 @@ def evaluate_recipe(model: nn.Module, tok: CharTokenizer, task: Task, problems: 
     ``logits_processor``: e.g. :func:`rlkit.llm.safety.substring_shield` or :func:`q_guidance`.
     Chapter: 24_pitfalls_recipe.
     """
-    out = evaluate(model, tok, task, list(problems), greedy=True, logits_processor=logits_processor)
+    problems = list(V.tuple_of(problems, "problems", Problem))
+    out = evaluate(model, tok, task, problems, greedy=True, logits_processor=logits_processor)
     resp = out["responses"]
     _, sig = ensemble_rewards(task, resp, problems, judges)
     return {"accuracy": out["accuracy"], "cost": float(task.score(resp, problems, "cost").mean()),

@@ -133,7 +133,8 @@ def substring_shield(tok: CharTokenizer, patterns: Sequence[str], start: str = "
         start: the character that ends a prompt.
 
     Returns:
-        a logits processor ``f(context_ids [N, L], context_mask [N, L], logits [N, V]) -> logits``.
+        a logits processor ``f(context_ids [N, L], context_mask [N, L], logits [N, V]) -> logits`` (int64
+        ids, a bool mask, floating logits with ``V`` at least the tokenizer's vocabulary; checked).
         Chapter: 18_safety_constraints.
     """
     V.instance_of(tok, "tok", CharTokenizer)
@@ -152,8 +153,14 @@ def substring_shield(tok: CharTokenizer, patterns: Sequence[str], start: str = "
     if len(start_ids) != 1:
         raise ValueError(f"start must be one token, got {start!r}")
     start_id = start_ids[0]
+    vocab = tok.vocab_size
 
     def shield(context_ids: torch.Tensor, context_mask: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        V.index_tensor(context_ids, "context_ids", dim=2)
+        V.bool_tensor(context_mask, "context_mask", context_ids, "context_ids")
+        V.has_categories(logits, "logits")
+        V.exact_shape(logits, "logits", (context_ids.shape[0], logits.shape[-1]), "[N, V] (N rows of context_ids)")
+        V.fits(vocab, "the tokenizer's vocabulary size", logits.shape[-1], "logits.shape[-1]")
         N, L = context_ids.shape
         pos = torch.arange(L, device=context_ids.device)
         is_start = (context_ids == start_id) & context_mask
@@ -340,7 +347,7 @@ class RewardCostCritic(LogitHead):
     """
 
     def __init__(self, lm: nn.Module, vocab_size: int):
-        super().__init__(lm, vocab_size, (2,))
+        super().__init__(lm, V.int_in(vocab_size, "vocab_size"), (2,))
 
 
 #: What :func:`train_constrained` returns (rlkit 0.2's name): an :class:`rlkit.llm.RLResult`.
@@ -379,6 +386,7 @@ def train_constrained(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLC
 
     Chapter: 18_safety_constraints.
     """
+    V.instance_of(model, "model", nn.Module)
     cfg = RLConfig(algo="ppo") if cfg is None else V.instance_of(cfg, "cfg", RLConfig)
     if cfg.algo != "ppo":
         raise ValueError(f"train_constrained runs PPO with a reward and a cost critic: cfg.algo must be 'ppo', "
@@ -389,6 +397,8 @@ def train_constrained(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLC
     if cost_checker not in task.checkers:
         raise ValueError(f"cost_checker {cost_checker!r} is not one of the task's checkers {list(task.checkers)}")
     advantages = TokenGAE() if advantages is None else V.instance_of(advantages, "advantages", TokenGAE)
+    if callback is not None:
+        V.is_callable(callback, "callback")
     hooks = [] if kl is None else [V.instance_of(kl, "kl", KLPenalty)]
     constraint = CostConstraint(cost_checker, multiplier, when="before")
     hooks.append(constraint)
@@ -425,6 +435,7 @@ def constraint_report(model, tok: CharTokenizer, task: Task, problems: Sequence[
     V.nonempty_str(cost_checker, "cost_checker")
     if cost_checker not in task.checkers:
         raise ValueError(f"cost_checker {cost_checker!r} is not one of the task's checkers {list(task.checkers)}")
+    problems = V.tuple_of(problems, "problems", Problem)
     ev = evaluate(model, tok, task, list(problems), greedy=greedy, generator=generator, temperature=temperature,
                   logits_processor=logits_processor)
     costs = task.score(ev["responses"], list(problems), cost_checker)

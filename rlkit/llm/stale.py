@@ -153,7 +153,8 @@ class StaleControl(Hook):
 
     Args:
         stale: a :class:`rlkit.staleness.StaleTrainingConfig` (default: no window, no filter, no rules).
-        lr_schedule: optional ``f(update) -> multiplier`` of the learning rate.
+        lr_schedule: optional ``f(update) -> multiplier`` of the learning rate (a finite number ``>= 0``;
+            anything else stops the run with an error naming ``lr_schedule``).
     """
 
     def __init__(self, stale: StaleTrainingConfig | None = None, lr_schedule: Callable[[int], float] | None = None):
@@ -168,7 +169,8 @@ class StaleControl(Hook):
 
     def on_step_start(self, run, k: int) -> None:
         self.k = k
-        mult = float(self.lr_schedule(k)) if self.lr_schedule is not None else 1.0
+        mult = 1.0 if self.lr_schedule is None else \
+            V.real_in(self.lr_schedule(k), f"the learning-rate multiplier lr_schedule returned for update {k}", 0.0)
         lr = run.cfg.lr * self.guard.lr_scale * mult
         run.opt.param_groups[0]["lr"] = lr
         run.log(lr=lr)
@@ -249,6 +251,13 @@ def train_stale_grpo(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLCo
 
     Chapter: 12_clipping_staleness.
     """
+    V.instance_of(model, "model", nn.Module)
+    V.boolean(verbose, "verbose")
+    V.boolean(eval_sampled, "eval_sampled")
+    if eval_problems is not None:
+        V.tuple_of(eval_problems, "eval_problems", Problem)
+    if callback is not None:
+        V.is_callable(callback, "callback")
     algo = check_train_args(tok, task, cfg).algo     # checks the types of tok, task and cfg
     stale = _stale_config(stale)
     if algo not in _ALGOS:
