@@ -55,8 +55,9 @@ def kl_k1(logp: Tensor, logq: Tensor) -> Tensor:
 def kl_k2(logp: Tensor, logq: Tensor) -> Tensor:
     r"""k2 estimator of KL(p || q): :math:`k_2 = \tfrac12(\log q(x) - \log p(x))^2`, :math:`x \sim p`.
 
-    Non-negative, biased (its mean is an f-divergence that agrees with KL to second order as
-    q -> p). With the samples held fixed its gradient is
+    Non-negative, biased: its mean :math:`\mathbb E_p[\tfrac12(\log q - \log p)^2]` agrees with KL
+    to second order as q -> p, but it is not an f-divergence (:math:`f(t) = \tfrac12(\log t)^2` is
+    not convex for :math:`t > e`). With the samples held fixed its gradient is
     :math:`(\log p - \log q)\,\nabla_\theta \log p`, whose mean under p is exactly
     :math:`\nabla_\theta \mathrm{KL}(p_\theta\,\|\,q)`: as a *loss*, k2 gives the right gradient
     even though as a *value* it is biased.
