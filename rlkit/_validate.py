@@ -618,7 +618,14 @@ def real_list(x, name: str) -> list:
 
 def trainable_params(params, name: str) -> list:
     """A non-empty iterable of tensors that all require grad, returned as a list."""
-    params = list(params) if not isinstance(params, Tensor) else [params]
+    if isinstance(params, Tensor):
+        params = [params]
+    else:
+        try:
+            params = list(params)
+        except TypeError:
+            raise TypeError(f"{name} must be an iterable of tensors (e.g. model.parameters()), "
+                            f"got {type(params).__name__}") from None
     if not params or not all(isinstance(p, Tensor) and p.requires_grad for p in params):
         raise ValueError(f"{name} must be a non-empty list of tensors with requires_grad=True")
     return params

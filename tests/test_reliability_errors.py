@@ -660,3 +660,38 @@ def test_layout_names_the_argument_an_earlier_call_took_a_size_from():
         V.layout("B T", sizes, mask=torch.zeros(2, 4))
     with pytest.raises(ValueError, match=r"as in an earlier argument"):      # a plain dict carries no names
         V.layout("B T", {"B": 2, "T": 3}, mask=torch.zeros(2, 4))
+
+
+def test_train_names_a_model_verbose_callback_or_eval_problems_of_the_wrong_kind():
+    tok = CharTokenizer()
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=1, n_head=1, n_embd=8))
+    cfg = RLConfig(steps=1, prompts_per_step=2, group_size=2, eval_problems=2)
+    weights = [p.detach().clone() for p in model.parameters()]
+    for kw, arg in [(dict(model=object()), "model"), (dict(verbose="yes"), "verbose"),
+                    (dict(callback=3), "callback"), (dict(eval_problems="1+2="), "eval_problems"),
+                    (dict(eval_problems=[ADDITION.problems(1, seed=0)[0], "1+2="]), r"eval_problems\[1\]")]:
+        args = dict(model=model, tok=tok, task=ADDITION, cfg=cfg) | kw
+        with pytest.raises(TypeError, match=arg):
+            train(**args)
+    assert all(torch.equal(a, b) for a, b in zip(weights, model.parameters()))      # refused before any update
+
+
+def test_trainable_params_names_an_argument_that_is_not_iterable():
+    from rlkit import _validate as V
+    with pytest.raises(TypeError, match="params must be an iterable of tensors"):
+        V.trainable_params(3, "params")
+
+
+def test_token_kl_exact_names_the_reference_model_that_returns_the_wrong_shape():
+    from rlkit.llm import sample, token_kl_exact
+    tok = CharTokenizer()
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=1, n_head=1, n_embd=8))
+    ids, mask = tok.encode_batch(["1+2=", "3+4="])
+    ro = sample(model, ids, mask, max_new_tokens=3, eos_id=tok.eos_id, pad_id=tok.pad_id)
+
+    def bad_ref(ids, attention_mask=None):
+        return torch.zeros(ids.shape[0], tok.vocab_size)
+
+    with pytest.raises(TypeError, match="ref_model must map ids"):
+        token_kl_exact(model, bad_ref, ro)

@@ -493,6 +493,6 @@ def token_kl_exact(model, ref_model, rollout: Rollout) -> Tensor:
     ids = torch.cat([rollout.prompt_ids, rollout.response_ids], 1)
     att = torch.cat([rollout.prompt_mask, torch.ones_like(rollout.response_ids, dtype=torch.bool)], 1)
     lp = torch.log_softmax(call_model(model, ids, att)[:, P - 1:P - 1 + T].float(), -1)
-    lq = torch.log_softmax(call_model(ref_model, ids, att)[:, P - 1:P - 1 + T].float(), -1)
+    lq = torch.log_softmax(call_model(ref_model, ids, att, name="ref_model")[:, P - 1:P - 1 + T].float(), -1)
     kl = (lp.exp() * (lp - lq)).sum(-1)
     return _zero_pad(kl, m.to(kl.device))

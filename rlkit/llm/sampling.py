@@ -124,7 +124,8 @@ def _vocab_size(model) -> int | None:
     return getattr(getattr(model, "config", None), "vocab_size", None)
 
 
-def call_model(model, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+def call_model(model, ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+               name: str = "model") -> torch.Tensor:
     """Logits of any model following the protocol in :mod:`rlkit.llm.model`.
 
     The attention mask is passed only to models that declare ``accepts_attention_mask``.
@@ -133,6 +134,7 @@ def call_model(model, ids: torch.Tensor, attention_mask: torch.Tensor | None = N
         model: maps ids ``[B, T]`` to logits ``[B, T, V]``.
         ids: ``[B, T]`` int64 token ids.
         attention_mask: ``[B, T]`` bool (True at real tokens) or None.
+        name: what the caller calls ``model`` (e.g. ``"ref_model"``), for the error message.
 
     Returns:
         ``[B, T, V]`` logits. Chapter: 07_tiny_llm.
@@ -146,7 +148,7 @@ def call_model(model, ids: torch.Tensor, attention_mask: torch.Tensor | None = N
         logits = model(ids)
     if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[:2] != ids.shape:
         got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-        raise TypeError(f"model must map ids {tuple(ids.shape)} to logits [batch, tokens, vocab], got {got}")
+        raise TypeError(f"{name} must map ids {tuple(ids.shape)} to logits [batch, tokens, vocab], got {got}")
     return logits
 
 

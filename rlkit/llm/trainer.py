@@ -516,13 +516,26 @@ def _default_estimator(cfg: RLConfig):
 
 def assemble(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig | None = None, *, sampler=None,
              advantages=None, loss=None, hooks: Sequence[Hook] = (), evaluation=None,
-             eval_problems: Sequence[Problem] | None = None, verbose: bool = False, logits_processor=None):
+             eval_problems: Sequence[Problem] | None = None, verbose: bool = False, logits_processor=None,
+             callback: Callable | None = None):
     """Check :func:`~rlkit.llm.train`'s arguments; build and set up ``(run, sampler, advantages, loss, hooks)``.
 
     ``cfg.algo`` picks the default estimator: PPO's :class:`~rlkit.llm.advantages.TokenGAE`, or the
-    group-relative :class:`~rlkit.llm.advantages.Group`.
+    group-relative :class:`~rlkit.llm.advantages.Group`. ``callback`` is only checked here.
     """
+    if not (callable(model) and callable(getattr(model, "parameters", None))):
+        raise TypeError(f"model must be a language model (a callable torch module: ids -> logits), "
+                        f"got {type(model).__name__}")
     cfg = check_train_args(tok, task, cfg)
+    V.instance_of(verbose, "verbose", bool)
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be None or a callable callback(step, history, evals), "
+                        f"got {type(callback).__name__}")
+    if eval_problems is not None:
+        if isinstance(eval_problems, (str, bytes)) or not isinstance(eval_problems, Sequence):
+            raise TypeError(f"eval_problems must be a list of Problem, got {type(eval_problems).__name__}")
+        for i, p in enumerate(eval_problems):
+            V.instance_of(p, f"eval_problems[{i}]", Problem)
     if logits_processor is not None and not callable(logits_processor):
         raise TypeError(f"logits_processor must be a callable f(context_ids, context_mask, logits) -> logits "
                         f"or None, got {type(logits_processor).__name__}")
@@ -571,8 +584,7 @@ def train(model: nn.Module, tok: CharTokenizer, task: Task, cfg: RLConfig | None
     """
     run, sampler, advantages, loss, hooks = assemble(
         model, tok, task, cfg, sampler=sampler, advantages=advantages, loss=loss, hooks=hooks, evaluation=evaluation,
-        eval_problems=eval_problems, verbose=verbose,
-        logits_processor=logits_processor)
+        eval_problems=eval_problems, verbose=verbose, logits_processor=logits_processor, callback=callback)
     run.evaluate(0)
     for k in range(run.cfg.steps):
         run.start_update(k, hooks)
