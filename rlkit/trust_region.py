@@ -92,7 +92,7 @@ def flat_grad(y: Tensor, params: Sequence[Tensor], create_graph: bool = False,
     if y.numel() != 1 or not y.requires_grad:
         raise ValueError(f"y must be a scalar with a graph (one element, requires_grad=True), got shape "
                          f"{tuple(y.shape)} with requires_grad={y.requires_grad}")
-    params = _trainable(params, "params")
+    params = V.trainable_params(params, "params")
     V.boolean(create_graph, "create_graph")
     if retain_graph is not None:
         V.boolean(retain_graph, "retain_graph")
@@ -100,14 +100,6 @@ def flat_grad(y: Tensor, params: Sequence[Tensor], create_graph: bool = False,
                                 allow_unused=True)
     return torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1)
                       for g, p in zip(grads, params)])
-
-
-def _trainable(params, name: str) -> list:
-    """:func:`rlkit._validate.trainable_params`, which also names an argument that is not iterable."""
-    if not isinstance(params, Tensor) and not hasattr(params, "__iter__"):
-        raise TypeError(f"{name} must be an iterable of tensors with requires_grad=True (e.g. "
-                        f"list(model.parameters())), got {type(params).__name__}")
-    return V.trainable_params(params, name)
 
 
 def fisher_vector_product(kl_fn: Callable[[], Tensor], params: Iterable[Tensor], v: Tensor,
@@ -136,7 +128,7 @@ def fisher_vector_product(kl_fn: Callable[[], Tensor], params: Iterable[Tensor],
     Chapter: 04_kl_trpo_ppo.
     """
     V.is_callable(kl_fn, "kl_fn")
-    params = _trainable(params, "params")
+    params = V.trainable_params(params, "params")
     V.float_tensor(v, "v", min_dim=1)
     V.exact_shape(v, "v", (sum(p.numel() for p in params),), "[number of parameters]")
     damping = V.real_in(damping, "damping", 0.0)
