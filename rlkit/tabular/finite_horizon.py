@@ -183,8 +183,8 @@ def _fh_check_policy(mdp: FiniteHorizonMDP, pi: Tensor, name: str) -> Tensor:
 
 def finite_horizon_state_distributions(mdp: FiniteHorizonMDP, pi: Tensor) -> Tensor:
     r"""The state distribution at every step (chapter 9, prop-ch09-finite-horizon):
-    :math:`\mu^\pi_0 = d_0` and :math:`\mu^\pi_{t+1}(s') = \sum_{s,a}\mu^\pi_t(s)\,\pi_t(a\mid s)\,P_t(s'\mid s, a)`,
-    so :math:`\mu^\pi_t(s) = \Pr_\pi(s_t = s)`.
+    :math:`d_{\pi,0} = d_0` and :math:`d_{\pi,t+1}(s') = \sum_{s,a}d_{\pi,t}(s)\,\pi_t(a\mid s)\,P_t(s'\mid s, a)`,
+    so :math:`d_{\pi,t}(s) = \Pr_\pi(s_t = s)`.
 
     Args:
         mdp: the MDPs.
@@ -251,28 +251,28 @@ class FiniteHorizonTerms(LowerBound):
 
     Per-step fields are ``[*B, H]`` (``mu_old``, ``mu_new``, ``tv``, ``abar``: ``[*B, H, S]``); the
     rest are ``[*B]``. Below, :math:`\pi_k` is ``pi_old``, :math:`\pi` is ``pi_new``,
-    :math:`\delta_t = \mathbb E_{s\sim\mu^{\pi_k}_t}[D_{\mathrm{TV}}(\pi_t, \pi_{k,t}; s)]` and
+    :math:`\mathrm{TV}_t = \mathbb E_{s\simd_{\pi_k,t}}[D_{\mathrm{TV}}(\pi_t, \pi_{k,t}; s)]` and
     :math:`\bar A_t(s) = \mathbb E_{a\sim\pi_t(\cdot\mid s)}[A^{\pi_k}_t(s, a)]`.
 
     Attributes:
         horizon: :math:`H` (a Python int).
         J_old, J_new: :math:`J(\pi_k)`, :math:`J(\pi)`.
         improvement: :math:`J(\pi) - J(\pi_k)`.
-        surrogate: :math:`L_{\pi_k}(\pi) = \sum_t \mathbb E_{s\sim\mu^{\pi_k}_t}[\bar A_t(s)]` (eq-ch09-fh-surrogate).
-        mu_old, mu_new: :math:`\mu^{\pi_k}_t(s)`, :math:`\mu^\pi_t(s)`.
+        surrogate: :math:`L_{\pi_k}(\pi) = \sum_t \mathbb E_{s\simd_{\pi_k,t}}[\bar A_t(s)]` (eq-ch09-fh-surrogate).
+        mu_old, mu_new: :math:`d_{\pi_k,t}(s)`, :math:`d_{\pi,t}(s)`.
         tv: :math:`D_{\mathrm{TV}}(\pi_t, \pi_{k,t}; s)`.
         abar: :math:`\bar A_t(s)`.
         eps_t: :math:`\omega_t = \max_s|\bar A_t(s)|`.
         eps: :math:`\omega = \max_t\omega_t`.
-        expected_tv_t: :math:`\delta_t`.
-        expected_tv_new_t: :math:`\mathbb E_{s\sim\mu^\pi_t}[D_{\mathrm{TV}}(\pi_t, \pi_{k,t}; s)]`.
-        mean_tv: :math:`\bar\delta = \frac1H\sum_t\delta_t`, the expected TV under the normalised
-            visitation :math:`d_{\pi_k}(t, s) = \mu^{\pi_k}_t(s)/H`.
-        state_shift_t: :math:`\|\mu^\pi_t - \mu^{\pi_k}_t\|_1`.
-        lemma_bound_t: :math:`2\sum_{u<t}\delta_u`, the right-hand side of eq-ch09-fh-shift.
-        penalty_per_step: :math:`\sum_{t}\omega_t\cdot 2\sum_{u<t}\delta_u`, the sharpest form.
-        penalty: :math:`2\omega\sum_{t=0}^{H-2}(H-1-t)\,\delta_t`, the penalty of eq-ch09-fh-bound.
-        penalty_mean: :math:`2\omega H(H-1)\,\bar\delta`, the loosest form (one constant times the
+        expected_tv_t: :math:`\mathrm{TV}_t`.
+        expected_tv_new_t: :math:`\mathbb E_{s\simd_{\pi,t}}[D_{\mathrm{TV}}(\pi_t, \pi_{k,t}; s)]`.
+        mean_tv: :math:`\overline{\mathrm{TV}} = \frac1H\sum_t\mathrm{TV}_t`, the expected TV under the normalised
+            visitation :math:`d_{\pi_k}(t, s) = d_{\pi_k,t}(s)/H`.
+        state_shift_t: :math:`\|d_{\pi,t} - d_{\pi_k,t}\|_1`.
+        lemma_bound_t: :math:`2\sum_{u<t}\mathrm{TV}_u`, the right-hand side of eq-ch09-fh-shift.
+        penalty_per_step: :math:`\sum_{t}\omega_t\cdot 2\sum_{u<t}\mathrm{TV}_u`, the sharpest form.
+        penalty: :math:`2\omega\sum_{t=0}^{H-2}(H-1-t)\,\mathrm{TV}_t`, the penalty of eq-ch09-fh-bound.
+        penalty_mean: :math:`2\omega H(H-1)\,\overline{\mathrm{TV}}`, the loosest form (one constant times the
             average TV, the analogue of
             :math:`\frac{2\gamma\omega}{(1-\gamma)^2}\mathbb E_{d_{\pi_k}}[D_{\mathrm{TV}}]`).
         bound: ``surrogate - penalty``.
@@ -314,15 +314,15 @@ def finite_horizon_terms(mdp: FiniteHorizonMDP, pi_old: Tensor, pi_new: Tensor) 
 
     .. math::
 
-        \big\|\mu^\pi_t - \mu^{\pi_k}_t\big\|_1 \le 2\sum_{u<t}\delta_u,\qquad
-        \delta_u = \mathbb E_{s\sim\mu^{\pi_k}_u}\big[D_{\mathrm{TV}}(\pi_u, \pi_{k,u}; s)\big],
+        \big\|d_{\pi,t} - d_{\pi_k,t}\big\|_1 \le 2\sum_{u<t}\mathrm{TV}_u,\qquad
+        \mathrm{TV}_u = \mathbb E_{s\simd_{\pi_k,u}}\big[D_{\mathrm{TV}}(\pi_u, \pi_{k,u}; s)\big],
 
     and the single-policy bound, eq-ch09-fh-bound,
 
     .. math::
 
-        \big|J(\pi) - J(\pi_k) - L_{\pi_k}(\pi)\big| \le 2\omega\sum_{t=0}^{H-2}(H-1-t)\,\delta_t
-        \le 2\omega\,H(H-1)\,\bar\delta,\qquad
+        \big|J(\pi) - J(\pi_k) - L_{\pi_k}(\pi)\big| \le 2\omega\sum_{t=0}^{H-2}(H-1-t)\,\mathrm{TV}_t
+        \le 2\omega\,H(H-1)\,\overline{\mathrm{TV}},\qquad
         \omega = \max_{t,s}\big|\mathbb E_{a\sim\pi_t(\cdot\mid s)}A^{\pi_k}_t(s, a)\big|.
 
     Args:
@@ -378,7 +378,7 @@ def finite_horizon_tight_example(horizon: int, switch: GammaLike = 0.3, eta: Gam
         \text{penalty} = 2c\Big(np + \eta\,\frac{n(n-1)}{2}\Big),
 
     so :math:`\tau = p/\big(p + \eta(n-1)/2\big)\to1`. The lemma is tight too:
-    :math:`\|\mu^\pi_t - \mu^{\pi_k}_t\|_1 = 2p` for :math:`t > u`, against :math:`2p + 2(t-1-u)\eta`.
+    :math:`\|d_{\pi,t} - d_{\pi_k,t}\|_1 = 2p` for :math:`t > u`, against :math:`2p + 2(t-1-u)\eta`.
 
     Each of ``switch``, ``eta``, ``c`` is a float or a 1-D tensor ``[B]`` (tensors the same length).
 
