@@ -177,8 +177,12 @@ SLIDER_PROBE = """
 
 #: The chapters whose interactive figures are pre-rendered (rlkit.widgets.live_figure), so their
 #: sliders work in the HTML book without a kernel. book/setup.md lists the same chapters.
-LIVE_CHAPTERS = ("02_advantage_gae", "03_importance_sampling", "04_kl_trpo_ppo", "09_single_policy_bound",
-                 "11_dynamic_mixing")
+# every chapter with a slider: they are all pre-rendered live figures (chapter 1's was an ipywidget,
+# which the HTML book showed without a kernel to move it)
+LIVE_CHAPTERS = ("01_policy_gradient", "02_advantage_gae", "03_importance_sampling", "04_kl_trpo_ppo",
+                 "05_onpolicy_offpolicy_drift", "06_entropy_kl_lr", "07_tiny_llm", "08_why_offpolicy",
+                 "09_single_policy_bound", "10_static_mixtures", "11_dynamic_mixing", "12_clipping_staleness",
+                 "13_engineering_checklist")
 
 
 def _pages():
@@ -208,14 +212,6 @@ def test_chapter_pages_render_math_figures_and_widgets(browser, server):
         if r["widget_scripts"] and r["widget_views"] == 0:
             problems.append(f"{name}: {r['widget_scripts']} widget outputs but none rendered")
     assert not problems, "\n".join(problems)
-
-
-def test_chapter_one_widget_renders(browser, server):
-    pages = sorted((HTML / "lessons").glob("01_*.html"))
-    assert pages, "chapter 1 is not built"
-    r = _probe(browser, server, pages[0])
-    assert r["widget_scripts"] >= 1, "chapter 1 has no widget output in the built page"
-    assert r["widget_views"] >= 1, "chapter 1's widget did not render in the browser"
 
 
 def test_sliders_change_the_figure_without_a_kernel(browser, server):
