@@ -250,6 +250,17 @@ _SPAWN_HINT = ("its stderr says why (a spawned process re-imports the main scrip
                "loop under `if __name__ == '__main__':`)")
 
 
+def _unpickle(body: bytes, lost: list, actor: int, seq: int, version: int, request: int):
+    """A sample's payload; one that cannot be unpickled is recorded in ``lost`` and raised as ``ActorError``."""
+    try:
+        return pickle.loads(body)
+    except Exception as e:  # noqa: BLE001 - whatever the payload's own unpickling raises
+        why = f"the learner could not unpickle its payload ({type(e).__name__}: {e})"
+        lost.append((actor, seq, why))
+        raise ActorError(f"actor {actor}'s sample seq {seq} (version {version}, request {request}) is lost: "
+                         f"{why}. It is recorded in pool.lost; the pool goes on with the next samples") from e
+
+
 def _write_all(fd: int, *parts) -> None:
     for part in parts:
         view = memoryview(part).cast("B")
@@ -424,14 +435,7 @@ class _ProcessBackend:
     def _take(self) -> tuple:
         actor, seq, version, request, rng_seed, body = self.ready.popleft()
         self._grant(1)
-        try:
-            payload = pickle.loads(body)
-        except Exception as e:  # noqa: BLE001 - whatever the payload's own unpickling raises
-            why = f"the learner could not unpickle its payload ({type(e).__name__}: {e})"
-            self.lost.append((actor, seq, why))
-            raise ActorError(f"actor {actor}'s sample seq {seq} (version {version}, request {request}) is lost: "
-                             f"{why}. It is recorded in pool.lost; the pool goes on with the next samples") from e
-        return actor, seq, version, request, rng_seed, payload
+        return actor, seq, version, request, rng_seed, _unpickle(body, self.lost, actor, seq, version, request)
 
     def _read(self, a: int, budget: float) -> None:
         """Read what actor ``a``'s pipe holds now (at most about ``budget`` bytes), without blocking."""
@@ -713,14 +717,7 @@ class _RayBackend:
 
     def _unpack(self, item: tuple) -> tuple:
         _, actor, seq, version, request, rng_seed, body = item
-        try:
-            payload = pickle.loads(body)
-        except Exception as e:  # noqa: BLE001 - whatever the payload's own unpickling raises
-            why = f"the learner could not unpickle its payload ({type(e).__name__}: {e})"
-            self.lost.append((actor, seq, why))
-            raise ActorError(f"actor {actor}'s sample seq {seq} (version {version}, request {request}) is lost: "
-                             f"{why}. It is recorded in pool.lost; the pool goes on with the next samples") from e
-        return actor, seq, version, request, rng_seed, payload
+        return actor, seq, version, request, rng_seed, _unpickle(body, self.lost, actor, seq, version, request)
 
     def close(self) -> None:
         if self.closed:
