@@ -12,10 +12,10 @@ from rlkit.exercises import exercises, get
 from rlkit.llm import sampling_logprobs
 from rlkit.objectives import grpo_advantages
 
-CH07 = ["response_logprob", "top_p_logprobs", "group_advantages", "sequence_ratio"]
+CH07 = ["response_logprob", "top_p_logprobs", "group_advantages", "sequence_ratio", "grpo_update"]
 
 
-def test_chapter_registers_four_exercises():
+def test_chapter_registers_five_exercises():
     assert sorted(e.name for e in exercises(chapter=7)) == sorted(CH07)
 
 
@@ -48,3 +48,72 @@ def test_references_against_independent_computations():
 
 # The generic checks (each reference passes its checker, each registered mistake is
 # caught with its cause) run for every chapter in tests/test_exercises_framework.py.
+
+
+def _slow_grpo_update(logits, ref_logits, actions, rewards, order, per_mb, lr, clip, beta):
+    """GRPO's outer loop in plain numpy with the gradient written out by hand, one sample at a time:
+    d/dlogp of min(rho A, clip(rho) A) is rho A where the unclipped term is the smaller one and 0 where
+    the clip binds; d k3 / dlogp = 1 - pi_ref/pi; d logp(a) / dtheta = onehot(a) - softmax(theta)."""
+    import numpy as np
+
+    def softmax(z):
+        e = np.exp(z - z.max())
+        return e / e.sum()
+
+    theta = logits.double().numpy().copy()
+    ref = ref_logits.double().numpy()
+    acts, r = actions.numpy(), rewards.double().numpy()
+    P, G = acts.shape
+    old = np.array([[np.log(softmax(theta[p])[a]) for a in acts[p]] for p in range(P)])
+    adv = np.empty_like(r)
+    for p in range(P):
+        mean = sum(r[p]) / G
+        sd = (sum((x - mean) ** 2 for x in r[p]) / (G - 1)) ** 0.5
+        adv[p] = (r[p] - mean) / (sd + 1e-6)
+    for perm in order.tolist():
+        for start in range(0, P, per_mb):
+            idx = perm[start:start + per_mb]
+            grad = np.zeros_like(theta)
+            n = len(idx) * G
+            for p in idx:
+                pi, pref = softmax(theta[p]), softmax(ref[p])
+                for i, a in enumerate(acts[p]):
+                    rho = pi[a] / np.exp(old[p, i])
+                    A = adv[p, i]
+                    clipped = (A >= 0 and rho > 1 + clip) or (A < 0 and rho < 1 - clip)
+                    d_obj = (0.0 if clipped else rho * A) - beta * (1 - pref[a] / pi[a])
+                    dlogp = -pi.copy()
+                    dlogp[a] += 1
+                    grad[p] -= d_obj * dlogp / n
+            theta = theta - lr * grad
+    return torch.tensor(theta)
+
+
+def test_grpo_update_hand_case_and_slow_loop():
+    ref = get("grpo_update").reference
+    # hand-worked: one prompt, uniform logits over 3 responses, rewards (0, 0, 1, 1) on responses
+    # (0, 1, 2, 2): A = (-a, -a, a, a), a = 0.5 / sd with sd = sqrt(4/3 * 1/4); ratio 1, no clip, no KL;
+    # step = lr * mean_i A_i (onehot(a_i) - 1/3) = 0.5 / 4 * (-a, -a, 2a)
+    a = 0.5 / (math.sqrt(1 / 3) + 1e-6)
+    got = ref(torch.zeros(1, 3, dtype=torch.float64), torch.zeros(1, 3, dtype=torch.float64),
+              torch.tensor([[0, 1, 2, 2]]), torch.tensor([[0.0, 0, 1, 1]], dtype=torch.float64),
+              torch.tensor([[0]]), 1, 0.5, 0.2, 0.0)
+    assert torch.allclose(got, torch.tensor([[-a, -a, 2 * a]], dtype=torch.float64) * 0.5 / 4, atol=1e-12)
+    # against the slow loop on every case of the checker (clip binding, KL, ragged last minibatch)
+    for case in get("grpo_update").get_cases():
+        fast = ref(*case.args).double()
+        slow = _slow_grpo_update(*case.args)
+        tol = 1e-10 if case.args[0].dtype == torch.float64 else 1e-4
+        assert torch.allclose(fast, slow, atol=tol, rtol=0), case.label
+
+
+def test_grpo_update_clip_binds_in_later_epochs():
+    """The cases exercise the clip: in the lr-2 case some sample's ratio leaves [1 - clip, 1 + clip]
+    before its last minibatch step, so freezing the old log-probabilities matters."""
+    case = get("grpo_update").get_cases()[1]
+    logits, ref_logits, actions, rewards, order, per_mb, lr, clip, beta = case.args
+    ex = get("grpo_update")
+    one_epoch = ex.reference(logits, ref_logits, actions, rewards, order[:1], per_mb, lr, clip, beta)
+    old = torch.log_softmax(logits, -1).gather(-1, actions)
+    rho = torch.exp(torch.log_softmax(one_epoch, -1).gather(-1, actions) - old)
+    assert bool(((rho - 1).abs() > clip).any())

@@ -217,3 +217,162 @@ def _sr_mean_of_ratios(logp_new, logp_old, mask):
 @mistake(sequence_ratio, "the ratio is new over old, not old over new")
 def _sr_inverted(logp_new, logp_old, mask):
     return 1.0 / sequence_ratio(logp_new, logp_old, mask)
+
+
+# ------------------------------------------------------------------- 5. grpo_update (the outer loop)
+
+def _grpo_minibatch_loss(theta, old_logp, adv, ref_logits, actions, idx, clip, beta):
+    """Mean over the minibatch's samples of -(clipped surrogate - beta * k3)."""
+    logp = torch.log_softmax(theta[idx], dim=-1).gather(-1, actions[idx])
+    ratio = torch.exp(logp - old_logp[idx])
+    a = adv[idx]
+    surrogate = torch.minimum(ratio * a, ratio.clamp(1 - clip, 1 + clip) * a)
+    log_q = torch.log_softmax(ref_logits[idx], dim=-1).gather(-1, actions[idx]) - logp   # log pi_ref/pi
+    k3 = torch.exp(log_q) - log_q - 1
+    return -(surrogate - beta * k3).mean()
+
+
+def _group_normalise(rewards):
+    return (rewards - rewards.mean(-1, keepdim=True)) / (rewards.std(-1, keepdim=True) + 1e-6)
+
+
+def _grpo_loop(logits, ref_logits, actions, rewards, order, groups_per_minibatch, lr, clip, beta, *,
+               fresh_old=False, adv_fn=_group_normalise, batches=None, loss_fn=_grpo_minibatch_loss):
+    """The outer loop shared by the reference and the mistakes (each mistake changes one piece)."""
+    theta = logits.detach().clone()
+    old_logp = torch.log_softmax(theta, dim=-1).gather(-1, actions)
+    adv = adv_fn(rewards)
+    for perm in order:
+        chunks = batches(perm) if batches is not None else perm.split(groups_per_minibatch)
+        for idx in chunks:
+            if fresh_old:
+                old_logp = torch.log_softmax(theta, dim=-1).gather(-1, actions)
+            th = theta.clone().requires_grad_(True)
+            loss = loss_fn(th, old_logp, adv, ref_logits, actions, idx, clip, beta)
+            (grad,) = torch.autograd.grad(loss, th)
+            theta = theta - lr * grad
+    return theta
+
+
+def _gu_cases():
+    g = torch.Generator().manual_seed(11)
+    P, K, G = 6, 5, 4
+
+    def problem(dtype, scale=1.5):
+        logits = (torch.randn(P, K, generator=g) * scale).to(dtype)
+        ref = (torch.randn(P, K, generator=g) * scale).to(dtype)
+        actions = torch.randint(0, K, (P, G), generator=g)
+        rewards = (actions % 2 == 0).to(dtype) + 0.1 * torch.rand(P, G, generator=g).to(dtype)
+        return logits, ref, actions, rewards
+
+    def orders(epochs):
+        return torch.stack([torch.randperm(P, generator=g) for _ in range(epochs)])
+
+    one_group = torch.tensor([[0.0, 0.0, 1.0, 1.0]])
+    return [
+        Case(args=(torch.zeros(1, 3, dtype=torch.float64), torch.zeros(1, 3, dtype=torch.float64),
+                   torch.tensor([[0, 1, 2, 2]]), one_group.double(), torch.tensor([[0]]), 1, 0.5, 0.2, 0.0),
+             label="one prompt, one step from uniform logits, no KL"),
+        Case(args=(*problem(torch.float64), orders(3), 2, 2.0, 0.2, 0.1),
+             label="6 prompts, 3 epochs of minibatches of 2 groups, lr 2 (the clip binds)"),
+        Case(args=(*problem(torch.float64), orders(2), 3, 0.7, 0.3, 0.5),
+             label="2 epochs of minibatches of 3 groups, beta 0.5"),
+        Case(args=(*problem(torch.float64), orders(4), 4, 3.0, 0.1, 0.05),
+             label="minibatches of 4 and 2 groups (6 is not a multiple of 4)"),
+        Case(args=(*problem(torch.float32), orders(2), 1, 1.0, 0.2, 0.2),
+             label="float32, one group per minibatch"),
+    ]
+
+
+@exercise(chapter=7, cases=_gu_cases, atol=1e-5,
+          description="GRPO's outer loop: frozen old log-probs, epochs of minibatches of whole groups")
+def grpo_update(logits, ref_logits, actions, rewards, order, groups_per_minibatch, lr, clip, beta):
+    """One GRPO update of a tabular policy (prompt p, response a: pi(a|p) = softmax(logits[p])[a]).
+
+    logits, ref_logits [P, K]; actions [P, G] sampled responses (int64), rewards [P, G]; order [E, P]:
+    row e is the order of the prompts in epoch e. Returns the new logits [P, K] after E epochs of
+    plain gradient-descent steps (step lr) on minibatches of ``groups_per_minibatch`` whole groups.
+    """
+    sizes = V.layout("P K", floating=True, logits=logits)
+    V.layout("P K", sizes, ref_logits=ref_logits)
+    V.matching_floats(logits=logits, ref_logits=ref_logits)
+    actions = V.index_tensor(actions, "actions", dim=2, n=sizes["K"])
+    if actions.shape[0] != sizes["P"]:
+        raise ValueError(f"actions must have shape [P, G] with P = {sizes['P']} (from logits), "
+                         f"got {tuple(actions.shape)}")
+    V.layout("P G", {"P": sizes["P"], "G": actions.shape[1]}, floating=True, rewards=rewards)
+    if actions.shape[1] < 2:
+        raise ValueError(f"actions must hold at least 2 responses per prompt (a group), got {actions.shape[1]}")
+    order = V.index_tensor(order, "order", dim=2, n=sizes["P"])
+    if order.shape[1] != sizes["P"] or not bool((order.sort(-1).values == torch.arange(sizes["P"])).all()):
+        raise ValueError(f"order must be [E, P] with each row a permutation of range(P = {sizes['P']})")
+    groups_per_minibatch = V.int_in(groups_per_minibatch, "groups_per_minibatch", 1, sizes["P"])
+    lr = V.real_in(lr, "lr", 0.0, lo_open=True)
+    clip = V.real_in(clip, "clip", 0.0, 1.0, lo_open=True, hi_open=True)
+    beta = V.real_in(beta, "beta", 0.0)
+    return _grpo_loop(logits, ref_logits, actions, rewards.to(logits.dtype), order, groups_per_minibatch,
+                      lr, clip, beta)
+
+
+@mistake(grpo_update, "the old log-probabilities were recomputed inside the loop: they are frozen once, "
+                      "before the first epoch, or the ratio is always 1 and the clip never acts")
+def _gu_fresh_old(logits, ref_logits, actions, rewards, order, groups_per_minibatch, lr, clip, beta):
+    return _grpo_loop(logits, ref_logits, actions, rewards, order, groups_per_minibatch, lr, clip, beta,
+                      fresh_old=True)
+
+
+@mistake(grpo_update, "you normalised the rewards over the whole batch; GRPO normalises within each prompt's group")
+def _gu_batch_adv(logits, ref_logits, actions, rewards, order, groups_per_minibatch, lr, clip, beta):
+    return _grpo_loop(logits, ref_logits, actions, rewards, order, groups_per_minibatch, lr, clip, beta,
+                      adv_fn=lambda r: (r - r.mean()) / (r.std() + 1e-6))
+
+
+@mistake(grpo_update, "you took one step per epoch on the whole batch; take one step per minibatch of "
+                      "groups_per_minibatch groups")
+def _gu_whole_batch(logits, ref_logits, actions, rewards, order, groups_per_minibatch, lr, clip, beta):
+    return _grpo_loop(logits, ref_logits, actions, rewards, order, groups_per_minibatch, lr, clip, beta,
+                      batches=lambda perm: [perm])
+
+
+@mistake(grpo_update, "the minibatches ignore `order`: epoch e visits the prompts in the order of row e")
+def _gu_no_order(logits, ref_logits, actions, rewards, order, groups_per_minibatch, lr, clip, beta):
+    return _grpo_loop(logits, ref_logits, actions, rewards, torch.arange(logits.shape[0]).expand_as(order),
+                      groups_per_minibatch, lr, clip, beta)
+
+
+def _optimistic_loss(theta, old_logp, adv, ref_logits, actions, idx, clip, beta):
+    logp = torch.log_softmax(theta[idx], dim=-1).gather(-1, actions[idx])
+    ratio = torch.exp(logp - old_logp[idx])
+    a = adv[idx]
+    surrogate = torch.maximum(ratio * a, ratio.clamp(1 - clip, 1 + clip) * a)
+    log_q = torch.log_softmax(ref_logits[idx], dim=-1).gather(-1, actions[idx]) - logp
+    return -(surrogate - beta * (torch.exp(log_q) - log_q - 1)).mean()
+
+
+@mistake(grpo_update, "you took the maximum of the clipped and unclipped terms; the surrogate takes the MINIMUM (the "
+                      "pessimistic one)")
+def _gu_max(logits, ref_logits, actions, rewards, order, groups_per_minibatch, lr, clip, beta):
+    return _grpo_loop(logits, ref_logits, actions, rewards, order, groups_per_minibatch, lr, clip, beta,
+                      loss_fn=_optimistic_loss)
+
+
+def _kl_rewarded_loss(theta, old_logp, adv, ref_logits, actions, idx, clip, beta):
+    return _grpo_minibatch_loss(theta, old_logp, adv, ref_logits, actions, idx, clip, -beta)
+
+
+@mistake(grpo_update, "the KL term has the wrong sign: the loss must ADD beta * k3, so that moving away from the "
+                      "reference is penalised")
+def _gu_kl_sign(logits, ref_logits, actions, rewards, order, groups_per_minibatch, lr, clip, beta):
+    return _grpo_loop(logits, ref_logits, actions, rewards, order, groups_per_minibatch, lr, clip, beta,
+                      loss_fn=_kl_rewarded_loss)
+
+
+def _summed_loss(theta, old_logp, adv, ref_logits, actions, idx, clip, beta):
+    n = actions[idx].numel()
+    return n * _grpo_minibatch_loss(theta, old_logp, adv, ref_logits, actions, idx, clip, beta)
+
+
+@mistake(grpo_update, "you summed the per-sample losses; average them over the minibatch's samples")
+def _gu_sum(logits, ref_logits, actions, rewards, order, groups_per_minibatch, lr, clip, beta):
+    return _grpo_loop(logits, ref_logits, actions, rewards, order, groups_per_minibatch, lr, clip, beta,
+                      loss_fn=_summed_loss)
