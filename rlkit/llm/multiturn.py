@@ -25,9 +25,14 @@ from rlkit's token-level :func:`~rlkit.returns.discounted_returns` when the per-
 
 **The trainer.** :func:`~rlkit.llm.train_multiturn` is a turn-level policy gradient with a group baseline:
 ``group_size`` conversations per prompt, and for each turn index :math:`u` the advantage
-:math:`\hat A_{i,u} = G_{i,u} - b_{i,u}` (:func:`~rlkit.llm.turn_advantages`) is applied to every token of
-turn :math:`u` of conversation :math:`i` (:func:`rlkit.objectives.policy_gradient_loss`). One update is
-:func:`turn_update`; the run around it (optimiser, generators, log, clock, evaluations) is
+:math:`\hat A_{i,u} = G_{i,u} - b_{i,u}` (:func:`~rlkit.llm.turn_advantages`), times the state weight
+:math:`\gamma^{u}` (0-based :math:`u`), is applied to every token of turn :math:`u` of conversation
+:math:`i` (:func:`rlkit.objectives.policy_gradient_loss`). With the weight the expected update is the
+gradient of :math:`J_\gamma = \mathbb E[G_0]` (the policy-gradient theorem for a discounted objective
+weights the score of step :math:`u` by :math:`\gamma^{u}`); without it (``turn_weighting="none"``) it is
+the common "discounted return-to-go, undiscounted states" update, which for :math:`\gamma < 1` is the
+gradient of no objective (Nota & Thomas 2020). One update is :func:`turn_update`, its loss
+:func:`turn_loss`; the run around it (optimiser, generators, log, clock, evaluations) is
 :func:`rlkit.llm.train`'s :class:`rlkit.llm.trainer.Run`.
 
 **The warm start.** The shipped model reads only ``a+b=`` at positions 0..5 (its position
@@ -58,7 +63,7 @@ from .trainer import Run
 
 __all__ = ["RetryTask", "RETRY_ADDITION", "MultiTurnRollout", "rollout_turns", "episode_layout",
            "turn_logprobs", "turn_returns", "token_discounts", "turn_advantages", "well_formed", "multiturn_metrics",
-           "MultiTurnConfig", "MultiTurnResult", "turn_update", "train_multiturn", "retry_warm_start",
+           "MultiTurnConfig", "MultiTurnResult", "turn_loss", "turn_update", "train_multiturn", "retry_warm_start",
            "retry_corpus"]
 
 
@@ -499,6 +504,10 @@ class MultiTurnConfig(V.ValidatedConfig):
     ``format_bonus`` :math:`c \ge 0` adds a dense per-turn reward :math:`c` to every well-formed
     answer (digits only, 1 to 3 of them), a "format check" reward of the kind the article suggests
     for RAG; it is not potential-based, so it changes what is optimal (chapter 15 shows how).
+    ``turn_weighting`` is ``"discount"`` (default: turn :math:`u`'s advantage is multiplied by
+    :math:`\gamma^{u}`, 0-based, so the expected update is :math:`\nabla J_\gamma`) or ``"none"`` (no
+    weight: the update of rlkit before issue 22, which for :math:`\gamma < 1` is not the gradient of
+    :math:`J_\gamma`; kept to reproduce recorded runs and to compare). At :math:`\gamma = 1` the two agree.
     """
 
     gamma: float = V.number_field(1.0, 0.0, 1.0)
@@ -514,6 +523,7 @@ class MultiTurnConfig(V.ValidatedConfig):
     eval_every: int = V.int_field(10)
     eval_problems: int = V.int_field(256)
     seed: int = V.int_field(0, 0)
+    turn_weighting: str = V.choice_field("discount", ("discount", "none"))
 
 
 @dataclass
@@ -540,26 +550,62 @@ def _greedy_metrics(model, tok, task, problems) -> dict:
         model.train(was)
 
 
+def turn_loss(model, rollout: MultiTurnRollout, cfg: MultiTurnConfig, task: RetryTask):
+    r"""The loss of one update of :func:`~rlkit.llm.train_multiturn` on a batch of conversations.
+
+    Adds the format bonus :math:`c` to every well-formed turn, computes :math:`G_{i,u}`
+    (:func:`~rlkit.llm.turn_returns`) and :math:`\hat A_{i,u}` (:func:`~rlkit.llm.turn_advantages`), weights
+    turn :math:`u` (0-based) by :math:`w_u = \gamma^{u}` (``cfg.turn_weighting="discount"``; :math:`w_u = 1`
+    with ``"none"``), puts :math:`w_u \hat A_{i,u}` on every token of turn :math:`u` and returns
+
+    .. math::
+
+        \mathcal L(\theta) = -\,\mathrm{agg}_{i,t}\big(w_{u(t)}\,\hat A_{i,u(t)}\,\log \pi_\theta(y_{i,t}\mid y_{i,<t})\big)
+
+    over the model's tokens only (:func:`rlkit.objectives.policy_gradient_loss`'s surrogate; one
+    on-policy step per batch, so no ratio is needed). ``seq-mean-token-sum-norm`` divides by the
+    longest possible conversation's model tokens, :math:`U \cdot` ``max_new_tokens``, a constant, so with
+    the ``"loo"`` or ``"none"`` baseline :math:`\mathbb E[-\nabla\mathcal L] = \nabla J_\gamma / (U \cdot`
+    ``max_new_tokens``) exactly (``tests/test_ch15_gradient.py`` checks it on an enumerable problem).
+
+    Args:
+        model: the policy (the protocol of :mod:`rlkit.llm.model`); rollout: a :class:`MultiTurnRollout`
+            of ``group_size``-row groups sampled from it; cfg: a :class:`MultiTurnConfig`; task: the
+            :class:`RetryTask` it was played on.
+
+    Returns:
+        ``(loss, advantages [B, U])``: the differentiable loss and the weighted advantages
+        :math:`w_u \hat A_{i,u}`. Chapter: 15_turns_as_steps.
+    """
+    V.instance_of(rollout, "rollout", MultiTurnRollout)
+    V.instance_of(cfg, "cfg", MultiTurnConfig)
+    V.instance_of(task, "task", RetryTask)
+    ro = rollout
+    rew = ro.turn_rewards
+    if cfg.format_bonus > 0:
+        rew = rew + cfg.format_bonus * well_formed(ro) * ro.turn_mask
+    G = turn_returns(rew, ro.turn_mask, cfg.gamma)
+    A = turn_advantages(G, ro.turn_mask, cfg.group_size, cfg.baseline)
+    if cfg.turn_weighting == "discount" and cfg.gamma < 1.0:
+        u = torch.arange(A.shape[1], device=A.device, dtype=A.dtype)
+        A = A * torch.pow(torch.tensor(cfg.gamma, dtype=A.dtype, device=A.device), u)   # 0 ** 0 = 1
+    adv_tok = torch.where(ro.turn_index >= 0, A.gather(1, ro.turn_index.clamp_min(0)), 0.0)
+    logp = turn_logprobs(model, ro, temperature=cfg.temperature)
+    kw = {"max_len": task.max_turns * task.base.max_new_tokens} if cfg.aggregation == "seq-mean-token-sum-norm" else {}
+    return aggregate(-adv_tok.detach() * logp, ro.action_mask, cfg.aggregation, **kw), A
+
+
 def turn_update(run, task: RetryTask):
     r"""One update of :func:`~rlkit.llm.train_multiturn` on the shared run ``run`` (a :class:`rlkit.llm.trainer.Run`).
 
     Draws ``prompts_per_step`` training prompts with ``run.rng``, plays ``group_size`` conversations
-    of each (:func:`~rlkit.llm.rollout_turns` at ``temperature``, noise from ``run.gen``), adds the format
-    bonus :math:`c` to every well-formed turn, computes :math:`G_{i,u}` (:func:`~rlkit.llm.turn_returns`) and
-    :math:`\hat A_{i,u}` (:func:`~rlkit.llm.turn_advantages`), puts each turn's advantage on that turn's
-    tokens and takes one Adam step (``run.optimise``: gradient clipped to ``grad_clip``) on
-
-    .. math::
-
-        \mathcal L(\theta) = -\,\mathrm{agg}_{i,t}\big(\hat A_{i,u(t)}\,\log \pi_\theta(y_{i,t}\mid y_{i,<t})\big)
-
-    over the model's tokens only (:func:`rlkit.objectives.policy_gradient_loss`'s surrogate; one
-    on-policy step per batch, so no ratio is needed). ``seq-mean-token-sum-norm`` divides by the
-    longest possible conversation's model tokens, :math:`U \cdot` ``max_new_tokens``.
+    of each (:func:`~rlkit.llm.rollout_turns` at ``temperature``, noise from ``run.gen``) and takes one
+    Adam step (``run.optimise``: gradient clipped to ``grad_clip``) on :func:`turn_loss`.
 
     Returns:
-        ``(rollout, advantages [B, U], loss, grad_norm)``: the conversations, :math:`\hat A`, the
-        loss (a float) and the gradient norm before clipping. Chapter: 15_turns_as_steps.
+        ``(rollout, advantages [B, U], loss, grad_norm)``: the conversations, the weighted advantages
+        :math:`\gamma^{u}\hat A` (:math:`\hat A` with ``turn_weighting="none"``), the loss (a float) and
+        the gradient norm before clipping. Chapter: 15_turns_as_steps.
     """
     cfg, model = run.cfg, run.model
     base = task.problems(cfg.prompts_per_step, run.rng, split="train")
@@ -567,15 +613,7 @@ def turn_update(run, task: RetryTask):
     model.eval()
     ro = rollout_turns(model, run.tok, task, probs, temperature=cfg.temperature, generator=run.gen)
     model.train()
-    rew = ro.turn_rewards
-    if cfg.format_bonus > 0:
-        rew = rew + cfg.format_bonus * well_formed(ro) * ro.turn_mask
-    G = turn_returns(rew, ro.turn_mask, cfg.gamma)
-    A = turn_advantages(G, ro.turn_mask, cfg.group_size, cfg.baseline)
-    adv_tok = torch.where(ro.turn_index >= 0, A.gather(1, ro.turn_index.clamp_min(0)), 0.0)
-    logp = turn_logprobs(model, ro, temperature=cfg.temperature)
-    kw = {"max_len": task.max_turns * task.base.max_new_tokens} if cfg.aggregation == "seq-mean-token-sum-norm" else {}
-    loss = aggregate(-adv_tok.detach() * logp, ro.action_mask, cfg.aggregation, **kw)
+    loss, A = turn_loss(model, ro, cfg, task)
     norm = run.optimise(loss)
     return ro, A, loss.item(), norm
 
@@ -584,7 +622,9 @@ def train_multiturn(model, tok: CharTokenizer, task: RetryTask, config: MultiTur
                     *, eval_set: Sequence[Problem] | None = None) -> MultiTurnResult:
     r"""Turn-level policy gradient with a per-turn discount and a group baseline, one update at a time.
 
-    Each update is :func:`~rlkit.llm.multiturn.turn_update` (the conversations, the returns, one step).
+    Each update is :func:`~rlkit.llm.multiturn.turn_update` (the conversations, the returns, one step);
+    its expected direction is :math:`\nabla J_\gamma`, :math:`J_\gamma = \mathbb E[G_0]` (with the default
+    ``turn_weighting="discount"``; see :func:`turn_loss`).
 
     The run shell is :func:`rlkit.llm.train`'s (:class:`rlkit.llm.trainer.Run`): Adam at ``lr``, the
     prompts' ``random.Random`` and the rollouts' generator seeded ``seed`` (on the GPU when the
