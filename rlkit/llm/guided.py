@@ -34,7 +34,8 @@ What is here:
 * the guidance arithmetic: :data:`GUIDANCE_KINDS`, :func:`guidance_term`, :func:`guided_logits`,
   :func:`log_normaliser`;
 * a learned success critic on the frozen model's hidden states, :class:`SuccessCritic` (one
-  pass gives :math:`\log\hat P(S\mid h, v)` for every candidate :math:`v`, FUDGE-style) and
+  pass gives :math:`\log\hat P(S\mid h, v)` for every candidate :math:`v`, where FUDGE runs its
+  discriminator once per candidate on the base model's top-:math:`k`) and
   :func:`fit_success_critic`;
 * the logits processor for :func:`rlkit.llm.sample`, :class:`GuidedProcessor` (truncation of the
   base model before guidance, or none), and :func:`guided_token_kl`, the KL of what it samples
@@ -307,8 +308,10 @@ class SuccessCritic(nn.Module):
     :math:`s_\phi(z_t)_v = \mathrm{MLP}(z_t)_v` is the logit of :math:`\hat P(S\mid h_t\oplus v)`, where
     :math:`z_t` is the final hidden state of the frozen ``lm`` after reading :math:`h_t`
     (``lm(ids, attention_mask, return_hidden=True)``). One pass scores all ``vocab_size``
-    candidates, as FUDGE's classifier does {cite}`yang2021fudge`, instead of one critic call per
-    candidate; the head costs about ``n_embd * hidden + hidden * vocab_size`` multiply-adds per token.
+    candidates, instead of one critic call per candidate; FUDGE {cite}`yang2021fudge` instead keeps the
+    base model's top-:math:`k` candidates (200 in its released code) and runs its discriminator once on
+    each candidate prefix. The head costs about ``n_embd * hidden + hidden * vocab_size`` multiply-adds
+    per token.
 
     ``forward(ids [B, T], attention_mask=None) -> [B, T, vocab_size]`` success logits;
     ``out[:, t, v]`` scores the sequence ``ids[:, :t + 1]`` followed by ``v``.
