@@ -447,7 +447,8 @@ def optimise_policy(ref_logprobs: Tensor, proxy: Tensor, beta: float = 0.0, step
 # (natural_policy_ascent).
 
 __all__ += ["RewardEnsemble", "simulate_annotators", "fit_ensemble_preferences", "standardise_on_reference",
-            "ensemble_data", "fit_reward_ensemble", "ensemble_disagreement", "natural_policy_ascent"]
+            "ensemble_data", "fit_reward_ensemble", "ensemble_disagreement", "natural_policy_ascent",
+            "downweighted_fixed_point"]
 
 DIVERSITY = ("init", "bootstrap", "both", "independent")
 
@@ -740,7 +741,7 @@ def ensemble_disagreement(scores: Tensor, dim: int = 0) -> Tensor:
 
 def natural_policy_ascent(ref_logprobs: Tensor, reward: Tensor, weights: Tensor | None = None, beta: float = 0.0,
                           steps: int = 300, lr=0.1, record_every: int = 1,
-                          callback: Callable[[int, Tensor], None] | None = None,
+                          callback: Callable[[int, Tensor], None] | None = None, kl: str = "reward",
                           **track: Tensor) -> tuple[Tensor, dict[str, list[float]]]:
     r"""The exact (expected) natural-gradient path of a softmax policy with per-response advantage weights.
 
@@ -759,12 +760,26 @@ def natural_policy_ascent(ref_logprobs: Tensor, reward: Tensor, weights: Tensor 
     whatever the weights: they change the speed, not the destination. Stable for
     :math:`\eta\,\beta\,\max w \le 1`.
 
+    With ``kl="separate"`` the KL is a gradient term of its own, outside the weighted advantage (the
+    form :math:`\nabla J \approx \mathbb E[\hat A\,\nabla\log\pi] - \beta\nabla\mathrm{KL}` with
+    :math:`\hat A` replaced by :math:`w\hat A`, as GRPO-style trainers apply a KL loss):
+
+    .. math::
+        \theta_{t+1}(y) = \theta_t(y) + \eta\Big(w(y)\big(r(y) - \mathbb E_{\pi_t}[r]\big)
+        - \beta\big(\log\tfrac{\pi_t(y)}{\pi_{ref}(y)} - \mathrm{KL}(\pi_t\,\|\,\pi_{ref})\big)\Big).
+
+    Its fixed points are :math:`\pi^*(y) \propto \pi_{ref}(y)\,e^{w(y)(r(y) - b^*)/\beta}` with
+    :math:`b^* = \mathbb E_{\pi^*}[r]` (:func:`downweighted_fixed_point`): they *do* depend on the
+    weights. With :math:`w \equiv 1` the two forms are the same update. Stable for :math:`\eta\beta \le 1`.
+
     Args:
         ref_logprobs: ``[N]`` log pi_ref; reward: ``[N]``; weights: ``[N]`` > 0 or None (all 1).
         beta: KL coefficient >= 0. steps: number of steps.
         lr: :math:`\eta > 0`, one number, or a sequence of ``steps`` positive numbers (one per step,
             e.g. growing geometrically to cover a long time :math:`\sum_t\eta_t` in few steps).
         record_every, callback, \*\*track: as :func:`optimise_policy`.
+        kl: ``"reward"`` (default: the KL folded into the reward, inside the weighted advantage) or
+            ``"separate"`` (the KL as its own, unweighted gradient term).
 
     Returns: ``(logits [N], history)`` with ``history["step"]``, ``["kl"]``, ``["proxy"]`` (the
     expected ``reward``) and one list per tracked reward. Chapter: 17_uncertainty_risk.
@@ -777,6 +792,7 @@ def natural_policy_ascent(ref_logprobs: Tensor, reward: Tensor, weights: Tensor 
         V.tensor_in(weights, "weights", 0.0, lo_open=True)
     V.tensor_in(reward, "reward")
     beta = V.real_in(beta, "beta", 0.0)
+    kl = V.choice(kl, "kl", ("reward", "separate"))
     steps = V.int_in(steps, "steps", 0)
     if isinstance(lr, (list, tuple)) or (isinstance(lr, Tensor) and lr.dim() > 0):
         lrs = V.real_list(lr, "lr")
@@ -804,9 +820,81 @@ def natural_policy_ascent(ref_logprobs: Tensor, reward: Tensor, weights: Tensor 
     with torch.no_grad():
         record(0)
         for step in range(1, steps + 1):              # theta is kept normalised: it is log pi_t
-            shaped = reward - beta * (theta - ref) if beta > 0 else reward
-            adv = shaped - (theta.exp() * shaped).sum()
-            theta = torch.log_softmax(theta + lrs[step - 1] * weights * adv, -1)
+            if kl == "separate":                       # w (r - E r) - beta (log pi/pi_ref - KL); the KL is a constant
+                step_dir = weights * (reward - (theta.exp() * reward).sum())
+                if beta > 0:
+                    step_dir = step_dir - beta * (theta - ref)
+                theta = torch.log_softmax(theta + lrs[step - 1] * step_dir, -1)
+            else:
+                shaped = reward - beta * (theta - ref) if beta > 0 else reward
+                adv = shaped - (theta.exp() * shaped).sum()
+                theta = torch.log_softmax(theta + lrs[step - 1] * weights * adv, -1)
             if step % record_every == 0 or step == steps:
                 record(step)
     return theta, hist
+
+
+def downweighted_fixed_point(ref_logprobs: Tensor, reward: Tensor, weights: Tensor | None, beta: float,
+                             kl: str = "separate", tol: float = 1e-12) -> tuple[Tensor, Tensor]:
+    r"""The fixed point of :func:`natural_policy_ascent` with advantage weights :math:`w > 0` and a KL term.
+
+    * ``kl="reward"`` (the KL folded into the weighted advantage): the fixed point is
+      :math:`\pi_\beta \propto \pi_{ref}\,e^{r/\beta}` whatever the weights
+      (:func:`kl_regularised_optimum`).
+    * ``kl="separate"`` (the KL as its own gradient term): a fixed point satisfies
+      :math:`w(y)(r(y) - b) - \beta\log\frac{\pi(y)}{\pi_{ref}(y)} = \text{const}` with
+      :math:`b = \mathbb E_\pi[r]`, so
+
+      .. math::
+          \pi^*(y) = \frac{\pi_{ref}(y)\,e^{w(y)(r(y) - b^*)/\beta}}{Z},\quad
+          Z = \sum_{y'}\pi_{ref}(y')\,e^{w(y')(r(y') - b^*)/\beta},\quad b^* = \mathbb E_{\pi^*}[r],
+
+      which depends on :math:`w`: responses with a small weight are pulled toward the baseline.
+      :math:`g(b) = \mathbb E_{\pi_b}[r] - b` is continuous, :math:`\ge 0` at :math:`b = \min r`
+      and :math:`\le 0` at :math:`b = \max r`, so a root exists in that interval; it is found by
+      bisection in float64. If :math:`g` has several roots (possible when :math:`r` and :math:`w`
+      covary strongly against each other), one of them is returned.
+
+    Args:
+        ref_logprobs: ``[..., N]`` log pi_ref (normalised here). reward: ``[..., N]`` finite.
+        weights: ``[..., N]`` > 0, or None (all 1: then both forms give :math:`\pi_\beta`).
+        beta: the KL coefficient, a finite number > 0.
+        kl: ``"separate"`` or ``"reward"``.
+        tol: bisection stops when the bracket on :math:`b^*` is narrower than ``tol`` times the
+            reward's range (a number in (0, 1)).
+
+    Returns: ``(logprobs [..., N], baseline [...])``: the fixed point, in float64, and
+    :math:`b^* = \mathbb E_{\pi^*}[r]`. Chapter: 17_uncertainty_risk.
+    """
+    V.float_tensor(ref_logprobs, "ref_logprobs")
+    V.float_tensor(reward, "reward")
+    V.same_layout(ref_logprobs, "ref_logprobs", reward, "reward")
+    V.tensor_in(reward, "reward")
+    if weights is None:
+        weights = torch.ones_like(reward)
+    else:
+        V.float_tensor(weights, "weights")
+        V.same_layout(ref_logprobs, "ref_logprobs", weights, "weights")
+        V.tensor_in(weights, "weights", 0.0, lo_open=True)
+    beta = V.real_in(beta, "beta", 0.0, lo_open=True)
+    kl = V.choice(kl, "kl", ("reward", "separate"))
+    tol = V.real_in(tol, "tol", 0.0, 1.0, lo_open=True, hi_open=True)
+    ref = torch.log_softmax(ref_logprobs.detach().double(), -1)
+    r, w = reward.detach().double(), weights.detach().double()
+    if kl == "reward":
+        lp = torch.log_softmax(ref + r / beta, -1)
+        return lp, (lp.exp() * r).sum(-1)
+
+    def policy(b):
+        return torch.log_softmax(ref + w * (r - b[..., None]) / beta, -1)
+
+    lo, hi = r.amin(-1), r.amax(-1)
+    width = (hi - lo).clamp(min=1e-300)
+    for _ in range(200):
+        if bool(((hi - lo) <= tol * width).all()):
+            break
+        mid = 0.5 * (lo + hi)
+        up = (policy(mid).exp() * r).sum(-1) > mid        # g(mid) > 0: the root lies above mid
+        lo, hi = torch.where(up, mid, lo), torch.where(up, hi, mid)
+    b = 0.5 * (lo + hi)
+    return policy(b), b

@@ -8,8 +8,8 @@ The pieces of chapter 17, each a small function on tensors:
   optimisation), ``"min"`` (worst-case optimisation) and ``"softmin"``
   :math:`-\tau\log\frac1K\sum_j e^{-r_j/\tau}`, which runs from the mean
   (:math:`\tau\to\infty`) to the minimum (:math:`\tau\to0`). :func:`downweighted_advantages` is
-  the source article's :math:`\tilde A = A/(1+\alpha\sigma)`, which is *not* pessimistic: it
-  rescales an advantage but never changes its sign.
+  the source article's :math:`\tilde A = A/(1+\alpha\sigma)`: it rescales an advantage but never
+  changes its sign. Whether it is pessimistic depends on where the KL sits (see its docstring).
 * **Quantiles** (:func:`quantile_levels`, :func:`pinball_loss`): the quantile-regression loss
   that trains a head predicting :math:`M` quantiles of a reward distribution.
 * **CVaR** of a reward (the mean of its worst :math:`\alpha` fraction):
@@ -20,8 +20,9 @@ The pieces of chapter 17, each a small function on tensors:
   gradient to the lower tail *only*.
 * **Preferences**: :func:`soft_bradley_terry_loss`, the Bradley-Terry likelihood with soft labels
   (the share of annotators preferring a) and optional per-pair weights.
-* **Laplace** (last layer): :func:`laplace_bt_covariance`, the Gaussian posterior of a reward
-  model's last layer under the Bradley-Terry likelihood, and :func:`linear_predictive_std`.
+* **Laplace** (last layer): :func:`laplace_bt_map`, the maximum a posteriori last layer under a
+  Gaussian prior, :func:`laplace_bt_covariance`, the Gaussian posterior of a reward model's last
+  layer under the Bradley-Terry likelihood, and :func:`linear_predictive_std`.
 
 Conventions: rewards are "higher is better" throughout, so CVaR is the *lower* tail. Ensembles
 put the member dimension first (``[K, ...]``). Nothing is broadcast silently.
@@ -41,7 +42,7 @@ Tensor = torch.Tensor
 
 __all__ = ["ENSEMBLE_RULES", "ensemble_aggregate", "downweighted_advantages", "quantile_levels", "pinball_loss",
            "value_at_risk", "cvar", "cvar_weights", "cvar_from_quantiles", "cvar_pg_weights",
-           "soft_bradley_terry_loss", "laplace_bt_covariance", "linear_predictive_std"]
+           "soft_bradley_terry_loss", "laplace_bt_covariance", "laplace_bt_map", "linear_predictive_std"]
 
 #: the rules :func:`ensemble_aggregate` knows
 ENSEMBLE_RULES = ("mean", "lcb", "uwo", "min", "softmin")
@@ -114,8 +115,14 @@ def downweighted_advantages(advantages: Tensor, sigma: Tensor, alpha: float) -> 
 
     Every factor :math:`1/(1+\alpha\sigma)` lies in :math:`(0, 1]`, so :math:`\tilde A` has the sign
     of :math:`A`: a response the reward model overrates is still pushed up, only more slowly.
-    Chapter 17 shows that without a KL term (and also with the KL folded into the reward) the
-    update has the fixed points of the unweighted one.
+    Where the update ends depends on where the KL sits (chapter 17, for a tabular softmax policy
+    and the natural gradient): without a KL term, or with the KL folded into the reward and so into
+    the advantage that is down-weighted, the fixed points are those of the unweighted update. With
+    the KL as a separate gradient term (a KL loss, as GRPO-style trainers use) the fixed point is
+    :math:`\pi_{ref}\,e^{w(\bar r - b^*)/\beta}` with :math:`w = 1/(1+\alpha\sigma)`: the weighting
+    then shrinks uncertain rewards toward the baseline and acts as a pessimism
+    (:func:`rlkit.reward_models.downweighted_fixed_point`). For a policy with shared parameters the
+    stationary points move with :math:`\alpha` even with the KL in the reward.
 
     Args:
         advantages: ``[...]`` floating. sigma: ``[...]`` the same shape, finite, >= 0 (e.g. the
@@ -451,6 +458,74 @@ def laplace_bt_covariance(phi_a: Tensor, phi_b: Tensor, w: Tensor, prior_precisi
     s = torch.sigmoid(delta @ w.double())
     h = (delta * (s * (1 - s))[:, None]).T @ delta
     return torch.linalg.inv(h + lam * torch.eye(h.shape[0], dtype=h.dtype, device=h.device))
+
+
+def laplace_bt_map(phi_a: Tensor, phi_b: Tensor, w: Tensor, prior_precision: float = 1.0,
+                   p_a: Tensor | None = None, max_steps: int = 100, tol: float = 1e-10) -> Tensor:
+    r"""The maximum a posteriori last layer under Bradley-Terry, the expansion point of the Laplace approximation.
+
+    With the features :math:`\phi` fixed and the prior :math:`\mathcal N(0, \nu^{-1}I)`, minimise
+
+    .. math::
+        \sum_i \big[p_i\,\mathrm{softplus}(-w^\top\delta_i) + (1-p_i)\,\mathrm{softplus}(w^\top\delta_i)\big]
+        + \frac\nu2\lVert w\rVert^2,\qquad \delta_i = \phi(a_i) - \phi(b_i),
+
+    (:math:`p_i = 1`: a preferred, unless ``p_a`` gives soft labels) by Newton's method with
+    backtracking, starting from ``w`` (e.g. the weights of a network fitted without a prior). The
+    objective is strictly convex, so the minimiser is unique. :func:`laplace_bt_covariance` at the
+    result is the Laplace approximation of the posterior under that prior.
+
+    Args:
+        phi_a, phi_b: ``[M, D]`` features. w: ``[D]`` the starting weights. prior_precision:
+            :math:`\nu > 0`, finite. p_a: None (all 1) or ``[M]`` in [0, 1]. max_steps: an int >= 1.
+            tol: stop when the gradient's norm is below ``tol`` (a finite number > 0).
+
+    Returns: ``[D]`` float64. Raises ``RuntimeError`` if the gradient is not below ``tol`` after
+    ``max_steps`` steps. Chapter: 17_uncertainty_risk.
+    """
+    V.float_tensor(phi_a, "phi_a", min_dim=2)
+    V.float_tensor(phi_b, "phi_b", min_dim=2)
+    V.same_layout(phi_a, "phi_a", phi_b, "phi_b")
+    sizes = V.layout("M D", phi_a=phi_a)
+    V.float_tensor(w, "w")
+    V.layout("D", sizes, w=w)
+    V.tensor_in(w, "w")
+    V.tensor_in(phi_a, "phi_a")
+    V.tensor_in(phi_b, "phi_b")
+    lam = V.real_in(prior_precision, "prior_precision", 0.0, lo_open=True)
+    max_steps = V.int_in(max_steps, "max_steps")
+    tol = V.real_in(tol, "tol", 0.0, lo_open=True)
+    delta = (phi_a - phi_b).double()
+    if p_a is None:
+        p = torch.ones(delta.shape[0], dtype=torch.float64, device=delta.device)
+    else:
+        V.layout("M", sizes, floating=True, p_a=p_a)
+        p = V.tensor_in(p_a, "p_a", 0.0, 1.0).double()
+    eye = torch.eye(delta.shape[1], dtype=torch.float64, device=delta.device)
+
+    def loss(v):
+        d = delta @ v
+        return float((p * nn.functional.softplus(-d) + (1 - p) * nn.functional.softplus(d)).sum()
+                     + 0.5 * lam * (v @ v))
+
+    x = w.detach().double().clone()
+    for _ in range(max_steps):
+        s = torch.sigmoid(delta @ x)
+        grad = delta.T @ (s - p) + lam * x
+        if float(grad.norm()) < tol:
+            return x
+        hess = (delta * (s * (1 - s))[:, None]).T @ delta + lam * eye
+        step = torch.linalg.solve(hess, grad)
+        f0, t = loss(x), 1.0
+        while t > 1e-10 and loss(x - t * step) > f0 - 1e-4 * t * float(grad @ step):
+            t *= 0.5
+        x = x - t * step
+    s = torch.sigmoid(delta @ x)
+    gnorm = float((delta.T @ (s - p) + lam * x).norm())
+    if gnorm < tol:
+        return x
+    raise RuntimeError(f"laplace_bt_map: the gradient's norm is {gnorm:.3g} after max_steps={max_steps} Newton "
+                       f"steps (tol={tol:g})")
 
 
 def _psd(cov: Tensor, name: str) -> None:

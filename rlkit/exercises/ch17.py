@@ -6,7 +6,7 @@ r"""Checkers for the exercises of chapter 17, ``lessons/17_uncertainty_risk.ipyn
 * ``cvar_advantages(rewards, alpha)``: the CVaR policy-gradient advantages of each row,
   :math:`(R - q_\alpha)\,\mathbf 1[R\le q_\alpha]/\alpha` ``[B, n]``: only the tail gets gradient.
 * ``pinball(quantiles, targets, taus)``: the quantile-regression loss, mean over rows and levels,
-  :math:`\rho_\tau(u) = u(\tau - \mathbf 1[u<0])` with :math:`u = y - q`.
+  :math:`\ell_\tau(u) = u(\tau - \mathbf 1[u<0])` with :math:`u = y - q`.
 * ``soft_bt_loss(r_a, r_b, p_a)``: Bradley-Terry with soft labels,
   :math:`-\frac1M\sum_i[\hat p_i\log\sigma(d_i) + (1-\hat p_i)\log\sigma(-d_i)]`.
 
