@@ -4,15 +4,17 @@ Chapter: 24_pitfalls_recipe.
 
 The source article ends with a recipe: start from **PPO + GAE + V-trace + Lagrangian safety**, then add
 **uncertainty-aware weighting** and **value-guided decoding**. Every piece was built in an earlier
-chapter, so the recipe is a list of parts of the one training loop, and an ablation removes one::
+chapter, so the recipe is a list of parts of the one training loop, and an ablation removes one. Chapter
+24 assembles it with what the chapters before it recommend::
 
     train(model, tok, RECIPE_TASK, RLConfig(algo="ppo"),
           sampler=Lagged(LagDistribution.uniform(4)),               # lagged actors (chapter 16)
-          advantages=OffPolicy("vtrace", "q"),                      # V-trace, a Q critic per channel
+          advantages=OffPolicy("vtrace", "q", normalize=False),     # V-trace, a Q critic per channel
           loss=ClippedLoss(),                                       # PPO-clip of pi_theta / mu
-          hooks=[Judges(("prefix", "contains", "close1")),          # the reward: an ensemble's mean
-                 UncertaintyWeight(2.0),                            # A_r / (1 + alpha sigma)
-                 CostConstraint("cost", LagrangeMultiplier(0.08, lr=2.0), when="after", whiten=False)],
+          hooks=[Judges(("prefix", "contains", "close1"), aggregate="min"),  # pessimistic ensemble (ch. 24)
+                 UncertaintyWeight(2.0),                            # the article's A_r / (1 + alpha sigma)
+                 CurrentCostConstraint("cost", PIDLagrangian(0.08, kp=10, ki=0.5, ema=0.5, init=1.0),
+                                       when="before", whiten=True)],  # chapter 18's multiplier, on pi_k's cost
           evaluation=False)
 
 * **Lagged actors and V-trace** (chapter 16): each group of responses is sampled by version
@@ -24,29 +26,37 @@ chapter, so the recipe is a list of parts of the one training loop, and an ablat
   :class:`~rlkit.llm.safety.CostConstraint` hook asks for it), so the critic is one
   :class:`~rlkit.llm.heads.LogitHead` of shape ``(2, |V|)`` on a copy of the LM,
   :math:`(Q_r, Q_c)(h_t,\cdot)`, with :math:`V(h_t) = \sum_a\pi_k(a\mid h_t)Q(h_t,a)`. Each channel gets its
-  own corrected target and its own advantage, whitened over the batch.
-* **Lagrangian safety** (:class:`rlkit.llm.safety.CostConstraint` with ``when="after"``, chapter 18):
+  own corrected target and its own advantage (not whitened on its own: ``normalize=False``).
+* **Lagrangian safety** (:class:`CurrentCostConstraint`, chapter 18's hook with the cost of the current
+  policy):
 
-  .. math:: \hat A_t = \frac{\tilde A^r_t - \nu\,\hat A^c_t}{1 + \nu}, \qquad
-            \nu \leftarrow \big[\nu + \eta_\nu(\hat C - C_{\max})\big]_+ ,
+  .. math:: \hat A_t = \mathrm{whiten}\Big(\frac{\tilde A^r_t - \nu\,\hat A^c_t}{1 + \nu}\Big), \qquad
+            \nu \leftarrow \mathrm{PID}\big(\hat J_C(\pi_k) - C_{\max}\big),
 
-  with :math:`\hat C` the batch's mean cost, stepped after the update
-  (:class:`rlkit.safety.LagrangeMultiplier`); no further whitening (``whiten=False``). Without the
-  multiplier (``CostConstraint("cost", None, ...)``, :math:`\nu = 0`) the critic still values the cost.
-* **Uncertainty-aware weighting** (:class:`UncertaintyWeight`, chapter 17): the reward is the mean of an
-  ensemble of judges (:class:`Judges`) and the reward advantage of response :math:`i` is divided by
-  :math:`1 + \alpha\sigma_i`, :math:`\sigma_i` the judges' standard deviation. It never flips a sign.
+  with :math:`\hat J_C(\pi_k)` the importance-weighted cost of the batch (:func:`current_policy_cost`),
+  stepped before the advantages, and the combination whitened once, as in chapter 18, so that
+  :math:`\nu` is a price in units of reward per unit of cost. Without the multiplier
+  (``CurrentCostConstraint("cost", None, ...)``, :math:`\nu = 0`) the critic still values the cost.
+* **The reward from several judges** (:class:`Judges`): their minimum (``aggregate="min"``), which
+  closes every hole that at least one judge does not share (chapter 24, pitfall 3), or their mean.
+* **Uncertainty-aware weighting** (:class:`UncertaintyWeight`, chapter 17): the reward advantage of
+  response :math:`i` is divided by :math:`1 + \alpha\sigma_i`, :math:`\sigma_i` the judges' standard
+  deviation. It never flips a sign, so without a KL term it keeps the mean's fixed points (chapter 17).
 * **Value-guided decoding** (at evaluation, :func:`q_guidance`): :math:`\log\pi + \eta\,[Q_r - \nu Q_c](h,\cdot)`
   (:func:`rlkit.llm.guided.guided_logits`, chapter 20).
 * A decode-time **shield** (``logits_processor=substring_shield(tok, FORBIDDEN)``, chapter 18) bans
   the digit that would complete ``13`` or ``14``; the trained policy is then the shielded one (the
   samplers' and the learner's log-probs, and :math:`\pi_k` in :math:`V`, are those of the masked distribution).
 
+:func:`train_recipe` and :class:`RecipeConfig` (a switch per component) are the rlkit 0.2 form of the
+call, kept for one release with rlkit 0.2's choices: the judges' mean, a
+:class:`~rlkit.safety.LagrangeMultiplier` stepped after the update on the batch's plain mean cost, each
+channel whitened on its own. :func:`recipe_parts` builds its parts. For a new run use the parts above.
+
 The constrained task is :data:`RECIPE_TASK`: chapter 18's two-digit addition whose answers may not
 contain ``13`` or ``14`` (:func:`rlkit.llm.safety.forbidden_task`), with three sloppy judges
-(:data:`SLOPPY_JUDGES`) beside the exact checker. :func:`train_recipe` (with :class:`RecipeConfig`, a
-switch per component) is the rlkit 0.2 name of the call, kept for one release; :func:`recipe_parts`
-builds its parts.
+(:data:`SLOPPY_JUDGES`) beside the exact checker; :data:`SHARED_BUG_JUDGES` are the same judges with one
+blind spot in common (:func:`shared_truncation`).
 """
 from __future__ import annotations
 
@@ -69,11 +79,13 @@ from .lagged import ClippedLoss
 from .rl import RLConfig, refuse_unread
 from .safety import FORBIDDEN, CostConstraint, forbidden_task, substring_shield
 from .samplers import Lagged
-from .tasks import Problem, Task, contains_answer, numeric_close, prefix_match
+from .tasks import Checker, Problem, Task, contains_answer, numeric_close, prefix_match
 from .tokenizer import CharTokenizer
 from .trainer import Hook, RLResult, train
 
-__all__ = ["SLOPPY_JUDGES", "RECIPE_TASK", "ensemble_rewards", "Judges", "UncertaintyWeight", "q_guidance",
+__all__ = ["SLOPPY_JUDGES", "SHARED_BUG_JUDGES", "RECIPE_TASK", "shared_truncation", "aggregate_judges",
+           "ensemble_rewards", "Judges", "UncertaintyWeight", "current_policy_cost", "CurrentCostConstraint",
+           "q_guidance",
            "RecipeConfig", "recipe_parts", "train_recipe", "evaluate_recipe",
            "forbidden_addition", "RewardCostQHead", "RecipeResult"]
 
@@ -81,6 +93,56 @@ __all__ = ["SLOPPY_JUDGES", "RECIPE_TASK", "ensemble_rewards", "Judges", "Uncert
 #: judge accepts truncations (:func:`rlkit.llm.prefix_match`), ``contains`` extra characters
 #: (:func:`rlkit.llm.contains_answer`), and ``close1`` an answer off by one (:func:`rlkit.llm.numeric_close`).
 SLOPPY_JUDGES = {"prefix": prefix_match, "contains": contains_answer, "close1": numeric_close(1.0)}
+
+
+def shared_truncation(checker: Checker) -> Checker:
+    r"""The judge ``checker`` with a bug that every judge built on the same helper shares: short answers are trusted.
+
+    A non-empty response shorter than the answer is checked against the answer cut to the
+    response's length, :math:`a_{1:|y|}`, instead of the whole answer (a grader that "compares what the
+    two strings have", written once and shared). So every judge wrapped this way accepts every
+    non-empty truncation of the answer (``"1"`` and ``"14"`` for ``"1462"``), whatever its own bug.
+    The empty response and responses at least as long as the answer are checked as by ``checker``.
+    Chapter: 24_pitfalls_recipe.
+    """
+    V.is_callable(checker, "checker")
+
+    def check(response: str, problem: Problem) -> float:
+        if 0 < len(response) < len(problem.answer):
+            problem = Problem(problem.prompt, problem.answer[:len(response)])
+        return checker(response, problem)
+
+    check.__name__ = f"shared_truncation_{getattr(checker, '__name__', 'checker')}"
+    return check
+
+
+#: The :data:`SLOPPY_JUDGES` with one blind spot in common (:func:`shared_truncation`): each keeps its
+#: own bug and all three accept every non-empty truncation of the answer. Their minimum therefore closes
+#: the three private holes (the empty answer, extra characters, off by one) and keeps the shared one.
+SHARED_BUG_JUDGES = {name: shared_truncation(j) for name, j in SLOPPY_JUDGES.items()}
+
+
+def aggregate_judges(judges, how: str = "min") -> Checker:
+    r"""One checker from several: their ``"min"`` (pessimistic) or ``"mean"`` verdict.
+
+    ``judges``: a non-empty dict of name -> checker or a sequence of checkers. The minimum gives a
+    response 1 only if every judge does, so it closes a hole that at least one judge does not share
+    and keeps every hole that all of them share; the mean gives a hole the share of judges it fools.
+    Chapter: 24_pitfalls_recipe.
+    """
+    fns = tuple(judges.values()) if isinstance(judges, dict) else tuple(V.instance_of(judges, "judges", (tuple, list)))
+    if not fns:
+        raise ValueError("judges must hold at least one checker, got none")
+    for i, f in enumerate(fns):
+        V.is_callable(f, f"judges[{i}]")
+    how = V.choice(how, "how", ("min", "mean"))
+
+    def check(response: str, problem: Problem) -> float:
+        verdicts = [f(response, problem) for f in fns]
+        return min(verdicts) if how == "min" else sum(verdicts) / len(verdicts)
+
+    check.__name__ = f"{how}_of_{len(fns)}_judges"
+    return check
 
 #: Chapter 18's constrained addition (reward ``"exact"``, cost ``"cost"``: an answer containing ``13`` or
 #: ``14``) with the :data:`SLOPPY_JUDGES` as further checkers. Of the 8100 sums, 16.8% contain a
@@ -94,16 +156,18 @@ def forbidden_addition() -> Task:
 
 
 def ensemble_rewards(task: Task, responses: Sequence[str], problems: Sequence[Problem],
-                     judges: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    r"""Mean and standard deviation over an ensemble of judges: ``(mean [N], sigma [N])``.
+                     judges: Sequence[str], aggregate: str = "mean") -> tuple[torch.Tensor, torch.Tensor]:
+    r"""An ensemble's verdict and its standard deviation: ``(mean [N] or min [N], sigma [N])``.
 
-    .. math:: \bar r_i = \frac1K\sum_{k=1}^K r^{(k)}_i, \qquad
+    .. math:: \bar r_i = \frac1K\sum_{k=1}^K r^{(k)}_i \;\text{or}\; \min_k r^{(k)}_i, \qquad
               \sigma_i = \Big(\frac1K\sum_k (r^{(k)}_i - \bar r_i)^2\Big)^{1/2}
 
-    (the population deviation: 0 when every judge agrees, 0.5 for two judges that disagree).
-    ``judges`` are checker names of ``task``; ``responses`` a list of strs and ``problems`` a list of
-    problems, one per response. Chapter: 24_pitfalls_recipe.
+    (:math:`\sigma_i` is the population deviation around the mean, whatever ``aggregate``: 0 when every
+    judge agrees, 0.5 for two judges that disagree). ``judges`` are checker names of ``task``;
+    ``responses`` a list of strs and ``problems`` a list of problems, one per response; ``aggregate``
+    ``"mean"`` or ``"min"``. Chapter: 24_pitfalls_recipe.
     """
+    aggregate = V.choice(aggregate, "aggregate", ("mean", "min"))
     V.instance_of(task, "task", Task)
     judges = V.str_list(judges, "judges")
     V.int_in(len(judges), "len(judges)")
@@ -113,7 +177,7 @@ def ensemble_rewards(task: Task, responses: Sequence[str], problems: Sequence[Pr
     if len(responses) == 0:
         return torch.zeros(0), torch.zeros(0)
     r = torch.stack([task.score(list(responses), list(problems), j) for j in judges])
-    return r.mean(0), r.std(0, unbiased=False)
+    return (r.mean(0) if aggregate == "mean" else r.min(0).values), r.std(0, unbiased=False)
 
 
 def _as_judges(x, name: str) -> tuple:
@@ -124,23 +188,25 @@ def _as_judges(x, name: str) -> tuple:
 
 
 class Judges(Hook):
-    r"""The reward is the mean verdict of an ensemble of judges; their disagreement is kept for the weighting.
+    r"""The reward is an ensemble's verdict (mean or minimum); the judges' disagreement is kept for the weighting.
 
     Each response :math:`i` is scored by the ``judges`` (checker names of the task) and its reward
-    becomes their mean, with :math:`\sigma_i` their population standard deviation
-    (:func:`ensemble_rewards`):
+    becomes their mean (``aggregate="mean"``) or their minimum (``"min"``, the pessimistic verdict),
+    with :math:`\sigma_i` their population standard deviation (:func:`ensemble_rewards`):
 
-    .. math:: r_i = \frac1K\sum_{k=1}^K r^{(k)}_i, \qquad
-              \sigma_i = \Big(\frac1K\sum_k (r^{(k)}_i - r_i)^2\Big)^{1/2}.
+    .. math:: r_i = \frac1K\sum_{k=1}^K r^{(k)}_i \;\text{or}\; \min_k r^{(k)}_i, \qquad
+              \sigma_i = \Big(\frac1K\sum_k (r^{(k)}_i - \bar r_i)^2\Big)^{1/2}.
 
     The reward replaces the checker's in ``step.rewards`` and in the batch (so ``reward`` logs the
-    ensemble's mean); :math:`\sigma` ``[N]`` is left in ``step.data["reward_std"]``. A mean of sloppy
-    judges is still hacked where they share a hole (chapter 24, pitfall 3). Logged: ``sigma`` (the
-    batch's mean :math:`\sigma_i`). Chapter: 24_pitfalls_recipe.
+    ensemble's verdict); :math:`\sigma` ``[N]`` is left in ``step.data["reward_std"]``. A mean of sloppy
+    judges is hacked through any judge's hole; the minimum only through a hole that every judge
+    shares (chapter 24, pitfall 3). Logged: ``sigma`` (the batch's mean :math:`\sigma_i`).
+    Chapter: 24_pitfalls_recipe.
     """
 
-    def __init__(self, judges: Sequence[str] = ("exact",)):
+    def __init__(self, judges: Sequence[str] = ("exact",), aggregate: str = "mean"):
         self.judges = _as_judges(judges, "judges")
+        self.aggregate = V.choice(aggregate, "aggregate", ("mean", "min"))
 
     def setup(self, run) -> None:
         for j in self.judges:
@@ -149,7 +215,7 @@ class Judges(Hook):
     @torch.no_grad()
     def on_batch(self, run, step) -> None:
         b = step.batch
-        mean, sigma = ensemble_rewards(run.task, b.responses, b.problems, self.judges)
+        mean, sigma = ensemble_rewards(run.task, b.responses, b.problems, self.judges, self.aggregate)
         b.rewards = mean
         step.rewards = mean.to(run.device)
         step.data["reward_std"] = sigma.to(run.device)
@@ -164,9 +230,9 @@ class UncertaintyWeight(Hook):
     (:func:`rlkit.risk.downweighted_advantages`), with :math:`\sigma_i` the judges' standard deviation
     on response :math:`i` (a :class:`Judges` hook earlier in the list). Every factor lies in
     :math:`(0, 1]`, so it never flips a sign: a response the judges overrate is still pushed up, only
-    more slowly (chapter 17); it is not pessimism. It acts after the estimator, on ``step.adv`` and on
-    the reward's channel ``step.data["advantages"]["reward"]`` when the estimator left one, so put it
-    before the hook that combines the channels (:class:`~rlkit.llm.safety.CostConstraint`), which
+    more slowly; without a KL term it is not pessimism (chapter 17). It acts after the estimator, on
+    ``step.adv`` and on the reward's channel ``step.data["advantages"]["reward"]`` when the estimator left
+    one, so put it before the hook that combines the channels (:class:`~rlkit.llm.safety.CostConstraint`), which
     then reads :math:`\tilde A^r`. ``alpha=0`` changes nothing. Chapter: 24_pitfalls_recipe.
     """
 
@@ -183,6 +249,62 @@ class UncertaintyWeight(Hook):
             advs["reward"] = downweighted_advantages(advs["reward"], sigma[:, None].expand_as(advs["reward"]),
                                                      self.alpha)
         step.adv = downweighted_advantages(step.adv, sigma[:, None].expand_as(step.adv), self.alpha)
+
+
+def current_policy_cost(costs: torch.Tensor, logp_new: torch.Tensor, logp_behav: torch.Tensor,
+                        mask: torch.Tensor) -> float:
+    r"""The current policy's expected cost from responses that older versions sampled (self-normalised IS).
+
+    .. math:: \hat J_C(\pi_k) = \frac{\sum_i w_i c_i}{\sum_i w_i}, \qquad
+              w_i = \exp\Big(\sum_t m_{i,t}\,\big(\log\pi_k(y_{i,t}\mid h_{i,t})
+              - \log\mu_i(y_{i,t}\mid h_{i,t})\big)\Big),
+
+    with :math:`\mu_i` the version that sampled response :math:`i`. It is consistent for
+    :math:`\mathbb E_{\pi_k}[c]` (the cost of the policy being trained, which chapter 18's multiplier
+    step needs), where the batch's plain mean :math:`\frac1N\sum_i c_i` estimates the cost of the mix of
+    stale versions. On a fresh batch (:math:`\pi_k = \mu`) the two are equal. The weights are computed
+    as a softmax of the log-ratios, so a large log-ratio cannot overflow. ``costs`` ``[N]``,
+    ``logp_new`` and ``logp_behav`` ``[N, T]`` (log-probs of the sampled tokens), ``mask`` ``[N, T]``;
+    an empty batch gives NaN. Chapter: 24_pitfalls_recipe.
+    """
+    V.instance_of(costs, "costs", torch.Tensor)
+    if costs.dim() != 1:
+        raise ValueError(f"costs must be a [N] tensor, got shape {tuple(costs.shape)}")
+    for name, x in (("logp_new", logp_new), ("logp_behav", logp_behav), ("mask", mask)):
+        V.instance_of(x, name, torch.Tensor)
+        if x.dim() != 2 or x.shape[0] != costs.shape[0]:
+            raise ValueError(f"{name} must be [N, T] with N = len(costs) = {costs.shape[0]}, got {tuple(x.shape)}")
+    if logp_new.shape != logp_behav.shape or mask.shape != logp_new.shape:
+        raise ValueError(f"logp_new, logp_behav and mask must have one shape, got {tuple(logp_new.shape)}, "
+                         f"{tuple(logp_behav.shape)} and {tuple(mask.shape)}")
+    if costs.shape[0] == 0:
+        return float("nan")
+    m = mask.to(logp_new.dtype)
+    log_w = ((logp_new - logp_behav) * m).sum(-1)
+    w = torch.softmax(log_w.double(), 0)
+    return float((w * costs.double()).sum())
+
+
+class CurrentCostConstraint(CostConstraint):
+    r"""Chapter 18's :class:`~rlkit.llm.safety.CostConstraint`, whose multiplier steps on the current policy's cost.
+
+    Identical to ``CostConstraint`` except for the cost the multiplier sees: :math:`\hat J_C(\pi_k)`
+    of :func:`current_policy_cost` (importance-weighted from the batch, whose responses older versions
+    may have sampled) instead of the batch's plain mean. Chapter 18's rule is to step the multiplier on
+    the cost of the current policy, before the advantages (``when="before"``); with lagged actors the
+    plain mean is the cost of versions up to ``lag.max`` updates old. Logged as ``CostConstraint``
+    (``cost`` is :math:`\hat J_C(\pi_k)`), plus ``batch_cost`` (the plain mean). Chapter: 24_pitfalls_recipe.
+    """
+
+    @torch.no_grad()
+    def on_batch(self, run, step) -> None:
+        b = step.batch
+        costs = run.task.score(b.responses, b.problems, self.checker).to(run.device)
+        step.data.setdefault("channels", {})[self.checker] = costs
+        self.cost = current_policy_cost(costs, step.logp_old, step.logp_behav, step.mask)
+        run.log(batch_cost=costs.mean().item())
+        if self.when == "before":
+            self._step()
 
 
 class RewardCostQHead(LogitHead):
