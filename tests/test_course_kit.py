@@ -184,3 +184,23 @@ def test_the_quiz_bank_is_not_published():
     excluded = any("instructor" in str(p) for p in config.get("exclude_patterns", []))
     assert config.get("only_build_toc_files") is True or excluded, \
         "Jupyter Book would build book/instructor/: set only_build_toc_files or exclude the folder"
+
+
+# ----------------------------------------------------------------------------- the appendix's checkers
+
+def _appendix_exercises() -> list[str]:
+    from rlkit.exercises import exercises
+    # chapter 0 is also where the framework's own tests register throw-away exercises ("_test_..."),
+    # which is why tests/test_exercises_framework.py filters chapter 0 out
+    return [e.name for e in exercises(0) if not e.name.startswith("_")]
+
+
+def test_the_appendix_registers_three_exercises():
+    assert len(_appendix_exercises()) >= 3, _appendix_exercises()
+
+
+@pytest.mark.parametrize("name", _appendix_exercises())
+def test_every_appendix_exercise_is_sound(name):
+    """The reference passes its checker and each registered mistake is caught with its cause."""
+    from rlkit.exercises import self_check
+    assert self_check(name) == []
