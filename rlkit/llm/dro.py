@@ -7,6 +7,8 @@ carry (about 45% of all prompts, the ones the pretraining corpus mostly got wron
 do not. :func:`group_mixture` builds a :class:`~rlkit.llm.Task` that draws a group with given
 probabilities, then a prompt of that group, and records the group in ``Problem.info["group"]``;
 the held-out split is the usual hash of the prompt, so pretraining never saw the test prompts.
+:func:`noisy_groups` mislabels a fixed share of the prompts (a stable hash of each prompt decides), for
+group DRO without an oracle grouping.
 
 **DRO weights on per-prompt losses.** :class:`DROWeights` is the chapter's hook for the Dr. GRPO of
 :func:`rlkit.llm.train` (``train(..., hooks=[DROWeights("group")])``; same sampling, advantages
@@ -35,6 +37,7 @@ that do have signal.
 from __future__ import annotations
 
 import random
+import zlib
 from collections.abc import Callable, Sequence
 
 import torch
@@ -48,7 +51,7 @@ from .tasks import Problem, Task, addition_problem
 from .tokenizer import CharTokenizer
 from .trainer import Hook, RLResult, train
 
-__all__ = ["ADDITION_GROUPS", "DRO_METHODS", "group_problem", "group_mixture", "group_problems",
+__all__ = ["ADDITION_GROUPS", "DRO_METHODS", "group_problem", "group_mixture", "noisy_groups", "group_problems",
            "group_accuracy", "mix_accuracy", "dro_prompt_weights", "DROWeights", "GroupAccuracy", "DROTrainResult",
            "train_dro"]
 
@@ -108,6 +111,60 @@ def group_mixture(groups: dict, mix: dict, name: str = "addition-mix", max_new_t
 
     desc = ", ".join(f"{g} {mix[g]:.0%}" for g in names)
     return Task(name, generate, max_new_tokens=max_new_tokens, description=f"group mixture: {desc}")
+
+
+def _unit(prompt: str, salt: str) -> float:
+    """A number in [0, 1) fixed by the prompt and the salt (crc32: the same in every process)."""
+    return zlib.crc32(f"{salt}\x00{prompt}".encode()) / 2 ** 32
+
+
+def noisy_groups(task: Task, rate: float, groups: Sequence[str], seed: int = 0, name: str | None = None) -> Task:
+    r"""``task`` with a fixed share ``rate`` of its prompts given a wrong ``info["group"]``.
+
+    Group DRO needs a partition of the prompts, and in practice the partition is a guess (labels from
+    annotators, a classifier, a clustering) rather than the grouping that defines the failure. This
+    wraps a task whose problems carry ``info["group"]`` (:func:`group_mixture`): a prompt is
+    mislabelled when a stable hash of ``(seed, prompt)`` falls below ``rate``, and then gets one of
+    the *other* names in ``groups`` (chosen by a second hash). The mislabelled prompts are thus a fixed
+    subset, the same every time the prompt is drawn, and the sequence of prompts is exactly that of
+    ``task`` with the same random numbers (the hash draws nothing from ``rng``), so a run on the noisy
+    labels is paired prompt for prompt with the run on the true ones. ``info["true_group"]`` keeps the
+    true label.
+
+    Args:
+        task: a :class:`~rlkit.llm.Task` whose problems carry ``info["group"]``.
+        rate: the share of prompts mislabelled, in [0, 1].
+        groups: the group names (at least two; every true label must be one of them).
+        seed: selects which prompts are mislabelled (an int).
+        name: the new task's name (default: ``task.name`` + ``"-noisy"``).
+
+    Returns:
+        a :class:`~rlkit.llm.Task` with the same checkers and response budget. Chapter: 19_robust_prompts.
+    """
+    V.instance_of(task, "task", Task)
+    rate = V.real_in(rate, "rate", 0.0, 1.0)
+    names = list(V.tuple_of(groups, "groups", str, "str"))
+    if len(set(names)) < 2 or len(set(names)) != len(names):
+        raise ValueError(f"groups must name at least two distinct groups, got {names}")
+    seed = V.int_in(seed, "seed", -2 ** 63)
+
+    def generate(rng):
+        p = task.generate(rng)
+        if "group" not in p.info:
+            raise ValueError(f"noisy_groups needs problems that carry info['group']; task {task.name!r} gave none")
+        g = p.info["group"]
+        if g not in names:
+            raise ValueError(f"the problem's group {g!r} is not one of groups={names}")
+        p.info["true_group"] = g
+        if _unit(p.prompt, f"flip{seed}") < rate:
+            others = [h for h in names if h != g]
+            p.info["group"] = others[int(_unit(p.prompt, f"to{seed}") * len(others))]
+        return p
+
+    others = {k: v for k, v in task.checkers.items() if k != "exact"}
+    return Task(name or f"{task.name}-noisy", generate, check=task.check, max_new_tokens=task.max_new_tokens,
+                heldout_fraction=task.heldout_fraction, checkers=others, token_checkers=task.token_checkers,
+                description=f"{task.description}; {rate:.0%} of prompts mislabelled")
 
 
 def group_problems(groups: dict, n: int, seed: int = 0, split: str = "test") -> dict:
