@@ -86,8 +86,10 @@ def awr_weights(advantages: Tensor, beta: float = 1.0, max_weight: float = 100.0
 
     the weight of a logged action in :math:`\max_\theta \mathbb E_{\mathcal D}[w\,\log\pi_\theta(a\mid s)]`.
     It is the tilt of the KL-regularised optimum :math:`\pi^\star \propto \mu\, e^{A/\beta}` (eq.
-    ``eq-ch21-awr``): :math:`\beta` is the coefficient of the implicit KL to the behaviour policy
-    (IQL writes :math:`e^{\beta_{\rm IQL} A}` with :math:`\beta_{\rm IQL} = 1/\beta`; CORL clips at
+    ``eq-ch21-awr``) without its per-state normaliser :math:`Z(s) = \mathbb E_\mu[e^{A/\beta}]`, which the
+    exact projection onto a policy divides by; dropping it, as AWR and AWAC do, is exact only when
+    :math:`Z` is the same in every state. :math:`\beta` is the coefficient of the implicit KL to the
+    behaviour policy (IQL writes :math:`e^{\beta_{\rm IQL} A}` with :math:`\beta_{\rm IQL} = 1/\beta`; CORL clips at
     :math:`w_{\max} = 100`). :math:`\beta \to \infty` gives behaviour cloning (all weights 1), small
     :math:`\beta` keeps only the best logged actions. The weight is computed as
     ``exp(min(A / beta, log w_max, L))`` with :math:`L` just below the log of the dtype's largest finite
