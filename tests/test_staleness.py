@@ -676,3 +676,60 @@ def test_alert_action_follows_on_alert_and_max_rollbacks():
     assert log.alert_action(fired, 0) == "continue"
     assert stop.alert_action(fired, 0) == "stop"
     assert [back.alert_action(fired, n) for n in (0, 1, 2, 3)] == ["rollback", "rollback", "stop", "stop"]
+
+
+def _short_ppo_hooks(stale, **hooks):
+    from rlkit.algos import StalePPOConfig
+    from rlkit.algos.stale_ppo import train_stale_ppo
+    return train_stale_ppo(cfg=StalePPOConfig(total_steps=8 * 64, num_envs=4, num_steps=16, epochs=2),
+                           stale=stale, progress=False, **hooks)[1]
+
+
+def test_stale_ppo_lag_schedule_grows_the_queue_as_versions_are_published():
+    # lag 0 for updates 0-1, then 3: the archive held only the current version, so the age grows by one
+    # version per update (a hand count: 0, 0, 0, 1, 2, 3, 3, 3) until the new lag is reached
+    h = _short_ppo_hooks(StaleTrainingConfig(method="standard", lag=0),
+                         lag_schedule=lambda k: LagDistribution.fixed(3 if k >= 2 else 0))
+    assert list(h["mean_age"]) == [0.0, 0.0, 0.0, 1.0, 2.0, 3.0, 3.0, 3.0]
+    # a schedule that always returns the config's lag changes nothing
+    stale = StaleTrainingConfig(method="standard", lag=2)
+    a = _short_ppo_hooks(stale)
+    b = _short_ppo_hooks(stale, lag_schedule=lambda k: stale.lag)
+    assert a["loss"] == b["loss"] and a["staleness"] == b["staleness"]
+
+
+def test_stale_ppo_tempered_sampler_is_stale_at_lag_zero():
+    stale = StaleTrainingConfig(method="standard", lag=0)
+    plain = _short_ppo_hooks(stale)
+    assert all(s == 0.0 for s in plain["staleness"])                   # pi_k sampled every sample itself
+    assert plain["loss"] == _short_ppo_hooks(stale, sampler_temperature=1.0)["loss"]
+    hot = _short_ppo_hooks(stale, sampler_temperature=1.5)
+    assert all(s > 0 for s in hot["staleness"][1:])
+    # the exact mean TV between softmax(z) and softmax(z / 1.5) is what the sample estimate estimates
+    for s, tv in zip(hot["staleness"][1:], hot["staleness_tv"][1:]):
+        assert tv > 0 and 0.2 < s / tv < 5
+
+
+def test_tempered_sampler_draws_from_and_reports_the_tempered_distribution():
+    from rlkit.algos.stale_ppo import _tempered
+    from rlkit.nets import CategoricalPolicy
+    torch.manual_seed(0)
+    actor = CategoricalPolicy(3, 4)
+    obs = torch.randn(1, 3).expand(40_000, 3)
+    a, logp = _tempered(actor, 2.0)(obs)
+    expected = torch.log_softmax(actor(obs[:1]) / 2.0, -1)[0]
+    assert torch.allclose(logp, expected[a], atol=1e-6)
+    freq = torch.bincount(a, minlength=4).double() / a.numel()
+    p = expected.exp().double()
+    assert torch.all((freq - p).abs() < 4 * torch.sqrt(p * (1 - p) / a.numel()))
+
+
+@pytest.mark.parametrize("hooks, match", [
+    (dict(sampler_temperature=0.0), "sampler_temperature"),
+    (dict(sampler_temperature=float("nan")), "sampler_temperature"),
+    (dict(lag_schedule=3), "lag_schedule must be callable"),
+    (dict(lag_schedule=lambda k: 3), r"lag_schedule\(0\) must return"),
+])
+def test_stale_ppo_hooks_refuse_bad_values(hooks, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        _short_ppo_hooks(StaleTrainingConfig(method="standard", lag=0), **hooks)

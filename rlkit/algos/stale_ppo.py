@@ -66,6 +66,7 @@ from ..objectives import clipped_policy_loss
 from ..offpolicy import vtrace
 from ..returns import from_gymnasium, gae
 from ..staleness import (
+    LagDistribution,
     PolicyArchive,
     StaleTrainingConfig,
     TrainingGuard,
@@ -133,18 +134,31 @@ def vtrace_advantages(log_rhos: torch.Tensor, rewards: torch.Tensor, values: tor
     return adv.detach(), vs.detach()
 
 
-def _mixed_actor(archive: PolicyArchive, versions: torch.Tensor):
+def _tempered(policy: torch.nn.Module, temperature: float):
+    """``act`` of a sampler that draws from ``softmax(logits / temperature)`` and reports that
+    distribution's log-probabilities (a sampler that does not match the learner when ``temperature != 1``)."""
+    if temperature == 1.0:
+        return policy.act
+
+    def act(obs):
+        logp_all = torch.log_softmax(policy(obs) / temperature, dim=-1)
+        a = torch.multinomial(logp_all.exp(), 1).squeeze(-1)
+        return a, logp_all.gather(-1, a[:, None]).squeeze(-1)
+    return act
+
+
+def _mixed_actor(archive: PolicyArchive, versions: torch.Tensor, temperature: float = 1.0):
     """``act(obs [N, d]) -> (actions [N], logp [N])``: env row i acts with version ``versions[i]``."""
     groups = [(int(v), (versions == v).nonzero().flatten()) for v in torch.unique(versions)]
     if len(groups) == 1:
-        return archive.get(groups[0][0]).act
+        return _tempered(archive.get(groups[0][0]), temperature)
 
     def act(obs):
         a = torch.empty(obs.shape[0], dtype=torch.long, device=obs.device)
         lp = torch.empty(obs.shape[0], dtype=obs.dtype, device=obs.device)
         for v, idx in groups:
             idx = idx.to(obs.device)
-            a_v, lp_v = archive.get(v).act(obs[idx])
+            a_v, lp_v = _tempered(archive.get(v), temperature)(obs[idx])
             a[idx], lp[idx] = a_v, lp_v
         return a, lp
     return act
@@ -152,9 +166,10 @@ def _mixed_actor(archive: PolicyArchive, versions: torch.Tensor):
 
 def train_stale_ppo(env: str | Callable = "CartPole-v1", cfg: StalePPOConfig | None = None,
                     stale: StaleTrainingConfig | None = None, *, lr_schedule: Callable[[int], float] | None = None,
-                    callback: Callable | None = None, progress: bool = True, device=None,
+                    lag_schedule: Callable[[int], LagDistribution] | None = None,
+                    sampler_temperature: float = 1.0, callback: Callable | None = None, progress: bool = True, device=None,
                     threads: int | None = 1):
-    """Train a categorical actor-critic with PPO on lagged data; returns ``(model, history)``.
+    r"""Train a categorical actor-critic with PPO on lagged data; returns ``(model, history)``.
 
     Args:
         env: a gymnasium id (Box observations, Discrete actions) or a constructor.
@@ -165,6 +180,15 @@ def train_stale_ppo(env: str | Callable = "CartPole-v1", cfg: StalePPOConfig | N
             the adaptive-centre objective on fresh data), as for :func:`rlkit.llm.stale.train_stale_grpo`.
         lr_schedule: optional ``f(update) -> multiplier`` of the learning rate (chapter 13 uses it to
             push the learning rate up mid-run); applied on top of the annealing and of rollbacks.
+        lag_schedule: optional ``f(update) -> LagDistribution``, the lags of update ``update`` in place
+            of ``stale.lag`` (chapter 13 grows the queue mid-run). The archive of past versions grows
+            to the largest lag asked for; versions it no longer holds are replaced by the oldest it
+            holds, so a lag raised mid-run reaches its new value only as new versions are published.
+        sampler_temperature: the samplers draw from ``softmax(logits / sampler_temperature)`` and
+            report its log-probabilities as the behaviour's, while the learner's policy is
+            ``softmax(logits)``: the sampler mismatch of chapter 13's troubleshooting table, which makes
+            :math:`\hat S_k > 0` at lag 0. With a value other than 1 the staleness of fresh samples is
+            measured against the learner's log-probabilities (with 1 it is 0 by construction).
         callback, progress, device, threads: as in :func:`rlkit.algos.train_reinforce`.
 
     ``cfg.advantages`` chooses the advantage estimator (``"gae"``, uncorrected, or ``"vtrace"``,
@@ -178,6 +202,9 @@ def train_stale_ppo(env: str | Callable = "CartPole-v1", cfg: StalePPOConfig | N
         raise TypeError(f"stale must be a rlkit.staleness.StaleTrainingConfig, got {type(stale).__name__}")
     if lr_schedule is not None and not callable(lr_schedule):
         raise TypeError("lr_schedule must be callable: f(update) -> learning-rate multiplier")
+    sampler_temperature = V.real_in(sampler_temperature, "sampler_temperature", 0.0, lo_open=True)
+    if lag_schedule is not None and not callable(lag_schedule):
+        raise TypeError("lag_schedule must be callable: f(update) -> rlkit.staleness.LagDistribution")
     num_envs, num_steps, lr = cfg.num_envs, cfg.num_steps, cfg.lr
     run = Run(f"stale-ppo-{stale.method}", env, cfg, progress, callback, staleness=stale.to_dict())
     envs, model, collector, dev = setup(env, cfg, device, threads)
@@ -195,9 +222,14 @@ def train_stale_ppo(env: str | Callable = "CartPole-v1", cfg: StalePPOConfig | N
         opt.param_groups[0]["lr"] = lr_now
 
         # 1. sample: env row i acts with version k - lag_i; every sample is tagged with its version
-        lags = stale.lag.sample(num_envs, lag_gen)
+        lag_dist = stale.lag if lag_schedule is None else lag_schedule(update)
+        if not isinstance(lag_dist, LagDistribution):
+            raise TypeError(f"lag_schedule({update}) must return a rlkit.staleness.LagDistribution, "
+                            f"got {type(lag_dist).__name__}")
+        archive.capacity = max(archive.capacity, lag_dist.max + 1)
+        lags = lag_dist.sample(num_envs, lag_gen)
         row_versions = archive.behaviour_versions(version, lags)
-        batch = collector.collect(_mixed_actor(archive, row_versions), num_steps, value_fn=model.critic)
+        batch = collector.collect(_mixed_actor(archive, row_versions, sampler_temperature), num_steps, value_fn=model.critic)
 
         # 2. advantages with the learner's critic (time last: [N, T]): GAE as observed, or the advantage
         #    of the current policy pi_k by V-trace (target pi_k, behaviour the version of each row)
@@ -208,6 +240,7 @@ def train_stale_ppo(env: str | Callable = "CartPole-v1", cfg: StalePPOConfig | N
             with torch.no_grad():
                 lp_now = torch.distributions.Categorical(logits=model.actor(batch.obs)).log_prob(batch.actions)
                 fresh = (row_versions.to(dev) == version)[:, None]       # pi_k sampled these rows itself
+                fresh &= sampler_temperature == 1.0                      # ... unless the sampler is tempered
                 log_rhos = torch.where(fresh, torch.zeros_like(lp_now), lp_now - batch.logp)
             adv, returns = vtrace_advantages(log_rhos, batch.rewards, batch.values, batch.next_values, discounts,
                                              cfg.gae_lambda * lam_mask, clip=cfg.vtrace_clip)
@@ -222,12 +255,13 @@ def train_stale_ppo(env: str | Callable = "CartPole-v1", cfg: StalePPOConfig | N
         with torch.no_grad():
             logits_k = model.actor(obs)
             lp_k = torch.distributions.Categorical(logits=logits_k).log_prob(actions)
-            lp_k = torch.where(age == 0, lb, lp_k)
+            if sampler_temperature == 1.0:              # the sampler of a fresh sample IS pi_k
+                lp_k = torch.where(age == 0, lb, lp_k)
             s_hat = staleness(lp_k, lb)
             logits_mu = torch.empty_like(logits_k)
             for v in torch.unique(data["version"]):
                 idx = (data["version"] == v).nonzero().flatten()
-                logits_mu[idx] = archive.get(int(v))(obs[idx])
+                logits_mu[idx] = archive.get(int(v))(obs[idx]) / sampler_temperature
             s_tv = tv_categorical(logits_k, logits_mu).mean()
             # has the learner already acted on these advantages? corr(rho_k - 1, A) over the batch
             x, y = torch.expm1(lp_k - lb), data["adv"]
