@@ -2,7 +2,8 @@
 
 For each chapter page (and the notation page) the test serves `_build/html` on 127.0.0.1,
 loads a copy of the page with a small probe script appended, and reads the probe's report
-from the rendered DOM: MathJax typeset the math (no raw `$$`, no MathJax errors), every
+from the rendered DOM, in a 1280-pixel-wide window: MathJax typeset the math (no raw `$$`, no
+MathJax errors, no display equation cut at the right edge of the text column), every
 figure image loaded, and ipywidgets rendered from the saved widget state. It also saves a
 screenshot of chapter 1 under `_build/screenshots/`.
 
@@ -37,6 +38,23 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
 PROBE = """
 <script>
 (function () {
+  // display equations whose typeset width runs past the right edge of the text column with no
+  // ancestor (up to <main>) that scrolls sideways: the reader sees them cut off
+  function cutEquations(main) {
+    var col = main.querySelector('article') || main;     // the text column, not the page's right sidebar
+    var edge = col.getBoundingClientRect().right, cut = [];
+    main.querySelectorAll('mjx-container[display="true"]').forEach(function (el) {
+      var svg = el.querySelector('svg');
+      if (!svg || svg.getBoundingClientRect().right <= edge + 1) return;
+      for (var a = el; a && a !== main; a = a.parentElement) {
+        var ox = getComputedStyle(a).overflowX;
+        if ((ox === 'auto' || ox === 'scroll') && a.getBoundingClientRect().right <= edge + 1) return;
+      }
+      var box = el.closest('div.math');
+      cut.push((box && box.id) || (el.textContent || '').slice(0, 40));
+    });
+    return cut;
+  }
   function report() {
     var main = document.querySelector('main') || document.body;
     var imgs = Array.prototype.slice.call(main.querySelectorAll('img'));
@@ -49,7 +67,8 @@ PROBE = """
       images_broken: imgs.filter(function (i) { return !(i.complete && i.naturalWidth > 0); })
                          .map(function (i) { return i.getAttribute('src'); }),
       widget_views: main.querySelectorAll('.jupyter-widgets, .widget-slider, .widget-inline-hbox').length,
-      widget_scripts: main.querySelectorAll('script[type="application/vnd.jupyter.widget-view+json"]').length
+      widget_scripts: main.querySelectorAll('script[type="application/vnd.jupyter.widget-view+json"]').length,
+      math_cut: cutEquations(main)
     };
     var pre = document.createElement('pre');
     pre.id = 'rlkit-probe';
@@ -126,7 +145,7 @@ def _probe(browser, server, page: Path, attempts: int = 3, probe: str = PROBE):
         url = f"{server}/{probe_page.relative_to(HTML).as_posix()}"
         for attempt in range(attempts):
             budget = 30000 * (attempt + 1)
-            proc = _run_chromium(browser, [f"--virtual-time-budget={budget}",
+            proc = _run_chromium(browser, ["--window-size=1280,1600", f"--virtual-time-budget={budget}",
                                            "--run-all-compositor-stages-before-draw",
                                            "--dump-dom", url], timeout=180)
             m = re.search(r'<pre id="rlkit-probe"[^>]*>(.*?)</pre>', proc.stdout, re.S)
@@ -205,6 +224,8 @@ def test_chapter_pages_render_math_figures_and_widgets(browser, server):
             problems.append(f"{name}: {r['math_errors']} MathJax errors (undefined macro or bad TeX)")
         if r["raw_display_math"]:
             problems.append(f"{name}: {r['raw_display_math']} raw '$$' left in the text")
+        if r.get("math_cut"):
+            problems.append(f"{name}: display equations cut at the right edge at 1280 px: {r['math_cut'][:5]}")
         if r["images_broken"]:
             problems.append(f"{name}: images that did not load: {r['images_broken'][:5]}")
         if page.parent.name == "lessons" and r["images"] == 0:
