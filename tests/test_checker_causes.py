@@ -1,0 +1,95 @@
+"""Wrong answers written as a student would write them, each caught WITH its cause (issue 23, item 7).
+
+The teaching review (``../shared/reviews/teaching.md``, section 1b) wrote slips from the exercise texts
+alone; 11 of the 50 it caught came with no cause, and two were not caught or wrongly rejected. Each
+function below is a slip written independently of the registered mistakes (a different formula or
+code path that computes the same wrong thing), so a test passes only if the checker recognises the
+slip by its outputs and names it.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rlkit.exercises import check
+
+
+def _reinforce_loss_over_T(logits, actions, weights, mask):
+    logp = torch.log_softmax(logits, -1).gather(-1, actions[..., None]).squeeze(-1)
+    per_step = -(weights.detach() * logp * mask)
+    return per_step.sum() / logits.shape[1]
+
+
+def _gae_shifted_trace(rewards, values, next_values, discounts, lam):
+    lam = torch.as_tensor(lam, dtype=rewards.dtype).expand_as(rewards)
+    delta = rewards + discounts * next_values - values
+    adv = torch.zeros_like(delta)
+    acc = torch.zeros_like(delta[..., 0])
+    T = delta.shape[-1]
+    for t in reversed(range(T)):
+        nxt = (discounts[..., t + 1] * lam[..., t + 1]) if t + 1 < T else torch.zeros_like(acc)
+        acc = delta[..., t] + nxt * acc
+        adv[..., t] = acc
+    return adv
+
+
+def _ess_fraction(log_w):
+    return 1.0 / torch.softmax(log_w, -1).pow(2).sum(-1) / log_w.shape[-1]
+
+
+def _shaped_rewards_wrapping(score, logp, logp_ref, mask, beta):
+    m = mask.to(logp.dtype)
+    r = -beta * (logp - logp_ref) * m
+    for i in range(r.shape[0]):
+        last = int(m[i].sum().item()) - 1          # -1 for an empty row: wraps to the last column
+        r[i, last] = r[i, last] + score[i]
+    return r
+
+
+def _response_logprob_hf_shift(logits, response_ids, mask):
+    lp = torch.log_softmax(logits[:, :-1], -1).gather(-1, response_ids[:, 1:, None]).squeeze(-1)
+    return (lp * mask[:, 1:]).sum(-1)
+
+
+def _tis_no_mask(logp_learner, logp_sampler, mask, cap):
+    return torch.minimum(torch.exp(logp_learner - logp_sampler), torch.full_like(logp_learner, cap))
+
+
+SLIPS = [
+    ("reinforce_loss", _reinforce_loss_over_T, "you divided by T"),
+    ("gae_advantages", _gae_shifted_trace, "discounts[..., t+1] * lam[..., t+1]"),
+    ("ess_from_log_weights", _ess_fraction, "ESS *fraction*"),
+    ("kl_shaped_rewards", _shaped_rewards_wrapping, "index -1 wraps around"),
+    ("response_logprob", _response_logprob_hf_shift, "Hugging Face"),
+    ("truncated_is_weights", _tis_no_mask, "the mask is ignored"),
+]
+
+
+@pytest.mark.parametrize("name, slip, cause", SLIPS, ids=[s[0] for s in SLIPS])
+def test_a_student_slip_is_caught_with_its_cause(name, slip, cause):
+    result = check(slip, name, verbose=False)
+    assert not result, f"{name}: the slip passed"
+    assert cause in result.message, f"{name}: caught without the right cause:\n{result.message}"
+
+
+def test_a_correct_more_accurate_ess_is_accepted():
+    """The review's false rejection: 1/sum(softmax^2) in float32 is closer to the exact value than the old
+    uncentred reference and was rejected at rtol 1e-5."""
+    assert check(lambda log_w: 1.0 / torch.softmax(log_w, -1).pow(2).sum(-1), "ess_from_log_weights", verbose=False)
+
+
+def test_an_empty_row_gets_neither_score_nor_penalty():
+    from rlkit.exercises import get
+    ex = get("kl_shaped_rewards")
+    empty = [c for c in ex.get_cases() if "no real token" in c.label]
+    assert len(empty) == 1
+    score, logp, logp_ref, mask, beta = empty[0].args
+    out = ex.reference(score, logp, logp_ref, mask, beta)
+    assert torch.equal(out[1], torch.zeros(3, dtype=out.dtype))
+    # row 0 by hand: penalty on its two real tokens, the score at the second
+    expect = -beta * (logp[0, :2] - logp_ref[0, :2])
+    expect[1] += score[0]
+    assert torch.allclose(out[0, :2], expect, atol=1e-12) and out[0, 2] == 0
+    assert math.isfinite(float(out.sum()))
