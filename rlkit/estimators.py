@@ -50,8 +50,9 @@ def effective_sample_size(log_weights: Tensor | None = None, *, weights: Tensor 
                = \exp\Big(2\,\operatorname{LSE}_i(\ell_i) - \operatorname{LSE}_i(2\ell_i)\Big),
                \qquad \ell_i = \log w_i ,
 
-    computed in log space (the right-hand form), so it is finite for log-weights of any size and
-    unchanged when every weight is multiplied by the same constant. The count lies in
+    computed in log space (the right-hand form, after subtracting the largest log-weight), so it is
+    finite and accurate to the dtype's precision for log-weights of any size, and unchanged when every
+    weight is multiplied by the same constant. The count lies in
     :math:`[1, n]`: :math:`n` for equal weights, 1 when one weight dominates. ``share=True``
     returns :math:`\mathrm{ESS}/n \in [1/n, 1]` instead (chapter 13 monitors the share of a
     stale batch that still counts after the :math:`\rho_k` correction). For large :math:`n`,
@@ -93,6 +94,11 @@ def effective_sample_size(log_weights: Tensor | None = None, *, weights: Tensor 
     if dim is None:
         log_w, dim = log_w.reshape(-1), 0
         m = None if m is None else m.reshape(-1)
+    # centred on the largest log-weight (ESS is scale-free): the difference of two log-sum-exps near
+    # 800 keeps only about 5 significant digits in float32, the centred one full precision
+    if log_w.shape[dim] > 0:
+        top = log_w.amax(dim=dim, keepdim=True)
+        log_w = log_w - torch.where(torch.isfinite(top), top, torch.zeros((), dtype=top.dtype, device=top.device))
     lse1 = torch.logsumexp(log_w, dim=dim)
     lse2 = torch.logsumexp(2.0 * log_w, dim=dim)
     ess = torch.where(torch.isfinite(lse1), torch.exp(2.0 * lse1 - lse2), torch.zeros_like(lse1))

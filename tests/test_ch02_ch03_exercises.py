@@ -261,6 +261,24 @@ def test_ess_matches_library():
     assert math.isclose(float(ess(torch.log(torch.tensor([1.0, 2.0, 3.0])))), 36 / 14, rel_tol=1e-6)
 
 
+def test_ess_in_float32_is_accurate_at_large_log_weights():
+    """Issue 23 (teaching review 1b): the uncentred log-sum-exp difference lost about 3e-5 relative
+    precision at log-weights near 400 in float32 (1.6481175 against the exact 1.6481637), so the
+    checker rejected a correct, more accurate answer; the reference and the library now centre first."""
+    from rlkit.estimators import effective_sample_size
+    from rlkit.exercises import check
+
+    lw = torch.tensor([[400.0, 399.0, 390.0], [-800.0, -801.0, -805.0]])
+    w = torch.exp(lw.double() - lw.double().amax(-1, keepdim=True))
+    exact = w.sum(-1) ** 2 / (w ** 2).sum(-1)                                # float64, by hand
+    for got in (get("ess_from_log_weights").reference(lw), effective_sample_size(lw)):
+        assert got.dtype == torch.float32
+        assert torch.allclose(got.double(), exact, rtol=2e-7, atol=0)
+    assert check(lambda log_w: 1.0 / torch.softmax(log_w, -1).pow(2).sum(-1), "ess_from_log_weights", verbose=False)
+    # all -inf (no weight): still 0 in the library, as documented
+    assert float(effective_sample_size(torch.full((3,), -math.inf))) == 0.0
+
+
 def test_geometric_mean_ratio_matches_library_and_hand_case():
     from rlkit.offpolicy import importance_ratio
 

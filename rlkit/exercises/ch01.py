@@ -279,6 +279,9 @@ def _value_mistakes():
     def plain_mean(logits, actions, weights, mask, sg):
         return -(mask.to(logits.dtype) * sg(weights) * _logp(logits, actions)).mean()
 
+    def per_time(logits, actions, weights, mask, sg):
+        return -(mask.to(logits.dtype) * sg(weights) * _logp(logits, actions)).sum() / logits.shape[1]
+
     def no_mask(logits, actions, weights, mask, sg):
         return -(sg(weights) * _logp(logits, actions)).sum() / logits.shape[0]
 
@@ -295,6 +298,8 @@ def _value_mistakes():
                     "trajectories N: the estimator sums over time and averages over trajectories"),
         (plain_mean, "torch.mean over all N*T entries (padding included) divides by N*T, "
                      "not by N: sum over time, then average over trajectories"),
+        (per_time, "you divided by T, the (padded) number of time steps; the estimator sums over time "
+                   "and averages over the N trajectories: divide by N = logits.shape[0]"),
         (no_mask, "the mask is ignored: padded steps after the end of an episode contribute to the loss"),
         (probability, "you weighted the probability pi(a|s), not its logarithm: the "
                       "gradient of w * pi is w * pi * grad log pi, which is not the REINFORCE estimate"),

@@ -195,6 +195,16 @@ def _gae_next_discount(rewards, values, next_values, discounts, lam):
     return reward_to_go(_td_errors(rewards, values, next_values, discounts), late * lam)
 
 
+@mistake(gae_advantages, "you used discounts[..., t+1] * lam[..., t+1] in the recursion of step t: the "
+         "trace of step t is gamma_t lambda_t, the discount and lambda of step t itself (an off-by-one in time: "
+         "a termination or a truncation acts one step late)")
+def _gae_next_discount_and_lam(rewards, values, next_values, discounts, lam):
+    lam = V.scalar_or_like(lam, "lam", rewards, "rewards")
+    trace = discounts * lam
+    late = torch.cat([trace[..., 1:], torch.zeros_like(trace[..., :1])], dim=-1)
+    return reward_to_go(_td_errors(rewards, values, next_values, discounts), late)
+
+
 @mistake(gae_advantages, "you bootstrapped with values[..., t+1] instead of "
          "next_values[..., t]: wrong at a truncation, where V(s_{t+1}) is the value of the "
          "final observation and values[..., t+1] already belongs to the next episode")

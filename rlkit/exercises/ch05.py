@@ -210,6 +210,9 @@ def _shaped_cases():
         Case(args=(torch.tensor([1.0, -1.0]), logp1, ref1, mask1, 0.1), label="two responses, the second padded"),
         Case(args=(score, logp, logp_ref, mask, 0.05), label="[4, 6], lengths 6, 3, 1, 5"),
         Case(args=(score, logp, logp_ref, mask.float(), 0.5), label="a 0/1 float mask, beta = 0.5"),
+        Case(args=(torch.tensor([2.0, 5.0, -1.0], dtype=F64), logp[:3, :3], logp_ref[:3, :3],
+                   torch.tensor([[True, True, False], [False, False, False], [True, True, True]]), 0.1),
+             label="a row with no real token (it gets no score and no penalty)"),
     ]
 
 
@@ -257,3 +260,13 @@ def _shaped_unmasked(score, logp, logp_ref, mask, beta):
 def _shaped_every_token(score, logp, logp_ref, mask, beta):
     m = mask.to(logp.dtype)
     return (-beta * (logp - logp_ref) + score[:, None]) * m
+
+
+@mistake(kl_shaped_rewards, "a row with no real token got the score in its last column: mask.sum(-1) - 1 "
+         "is -1 there, and index -1 wraps around to the last position. A row without a real token gets "
+         "no score (and, being all padding, no penalty)")
+def _shaped_empty_row_wraps(score, logp, logp_ref, mask, beta):
+    rewards = _kl_penalty(logp, logp_ref, mask, beta)
+    last = mask.to(torch.int64).sum(-1) - 1
+    rewards[torch.arange(logp.shape[0]), last] += score
+    return rewards

@@ -72,6 +72,13 @@ def _rlp_probs(logits, response_ids, mask):
     return torch.log((_token_logp(logits, response_ids, log=torch.softmax) * mask).sum(-1))
 
 
+@mistake(response_logprob, "you shifted by one position, as for a Hugging Face model's logits (position t "
+         "predicting token t+1); here logits[:, t] already scores response_ids[:, t]: no shift")
+def _rlp_hf_shift(logits, response_ids, mask):
+    logp = _token_logp(logits[:, :-1], response_ids[:, 1:])
+    return torch.where(mask[:, 1:].bool(), logp, torch.zeros((), dtype=logp.dtype)).sum(-1)
+
+
 # ------------------------------------------------------------------- 2. top_p_logprobs
 
 def _nucleus(logp, keep_sorted):

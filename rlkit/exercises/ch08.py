@@ -146,6 +146,12 @@ def _tis_padding_one(logp_learner, logp_sampler, mask, cap):
     return torch.where(mask.bool(), w, torch.full_like(w, min(1.0, cap)))
 
 
+@mistake(truncated_is_weights, "the mask is ignored: padding positions got the weight of whatever "
+         "log-probabilities they hold; they are not tokens of the response and must get weight 0")
+def _tis_unmasked(logp_learner, logp_sampler, mask, cap):
+    return torch.exp(torch.clamp(logp_learner - logp_sampler, max=math.log(cap)))
+
+
 @mistake(truncated_is_weights, "the cap was applied to the log-ratio (weights up to e^cap); cap bounds the "
          "ratio itself, so clamp the log-ratio at log(cap)")
 def _tis_cap_on_log(logp_learner, logp_sampler, mask, cap):
