@@ -560,7 +560,8 @@ def turn_loss(model, rollout: MultiTurnRollout, cfg: MultiTurnConfig, task: Retr
 
     .. math::
 
-        \mathcal L(\theta) = -\,\mathrm{agg}_{i,t}\big(w_{u(t)}\,\hat A_{i,u(t)}\,\log \pi_\theta(y_{i,t}\mid y_{i,<t})\big)
+        \mathcal L(\theta) = -\,\mathrm{agg}_{i,t}\big(w_{u(t)}\,\hat A_{i,u(t)}
+        \,\log \pi_\theta(y_{i,t}\mid y_{i,<t})\big)
 
     over the model's tokens only (:func:`rlkit.objectives.policy_gradient_loss`'s surrogate; one
     on-policy step per batch, so no ratio is needed). ``seq-mean-token-sum-norm`` divides by the
