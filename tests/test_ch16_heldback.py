@@ -56,14 +56,20 @@ def test_delay_zero_is_the_pool_sampler_bit_for_bit():
 
 
 def test_a_reused_pool_serves_a_second_run_only_its_own_versions():
-    with _pool(lags=1) as pool:                     # lag 1: the pool's own lag adds to the delay
+    with _pool() as pool:
         first = _run(HeldBack(pool, 1, verify=True))
         second = _run(HeldBack(pool, 1, verify=True), seed=1)
-        assert pool.version == 2 * 5 - 1 - 1       # two runs of versions 0-4, the last one still held back
+        assert pool.version == 2 * 5 - 1           # two runs of learner versions 0-5, version 5 still held back
     for res in (first, second):
-        assert [c[3] for c in res.consumed if c[0] == 0] == [0, 0]      # update 0: the run's own version 0
-        assert all(c[4] >= min(c[0], 1) for c in res.consumed)
+        assert [c[3] for c in res.consumed] == [max(0, k - 1) for k in range(5) for _ in range(2)]
         assert max(res.behaviour_gaps) < 1e-5
+
+
+def test_a_pool_that_only_serves_earlier_versions_times_out_instead_of_spinning():
+    with _pool(lags=1) as pool:                     # samples one version behind the newest: the first run's
+        _run(HeldBack(pool, 0))
+        with pytest.raises(TimeoutError, match="earlier run"):
+            _run(HeldBack(pool, 0, timeout=0.5), seed=1)
 
 
 def test_held_back_checks_its_arguments():

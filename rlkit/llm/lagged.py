@@ -38,6 +38,7 @@ from __future__ import annotations
 import copy
 import math
 import numbers
+import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -422,7 +423,8 @@ class HeldBack(Pool):
     Args:
         pool: a started :class:`rlkit.distributed.ActorPool` (``with ActorPool(...) as pool``).
         delay: :math:`d \ge 0`, the updates a version waits before the actors get it.
-        timeout: seconds to wait for an update's samples.
+        timeout: seconds to wait for an update's samples (``TimeoutError`` after it, also when every sample
+            that arrives is an earlier run's).
         verify: recompute the behaviour log-probs of one sample per update (one forward pass).
 
     Chapter: 16_offpolicy_multistep (real actors in the lag regime of the simulated runs).
@@ -452,8 +454,13 @@ class HeldBack(Pool):
         from .actors import merge_batches
         from .trainer import Step
         cfg, G, dev = run.cfg, run.cfg.group_size, run.device
-        got = []
+        got, deadline = [], time.monotonic() + self.timeout
         while len(got) < cfg.prompts_per_step:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"HeldBack: {len(got)} of {cfg.prompts_per_step} samples of this run arrived in "
+                                   f"{self.timeout} s; {self.discarded} were drawn with an earlier run's weights and "
+                                   f"discarded (a pool whose lags reach back before this run's first version cannot "
+                                   f"serve it: use a fresh pool or pool lags of 0)")
             for x in self.pool.get(cfg.prompts_per_step - len(got), timeout=self.timeout):
                 if x.version < self.base:                # drawn with an earlier run's weights
                     self.discarded += 1
