@@ -253,9 +253,11 @@ class CostConstraint(Hook):
        (:func:`rlkit.safety.lagrangian_advantages`), whitened over the batch's tokens (``whiten``).
 
     **When the multiplier steps** (``when``). ``"before"`` (chapter 18): on this batch's cost, before
-    the advantages, so this batch's advantages already use the new :math:`\nu`. ``"after"`` (chapter
-    24's recipe): after the policy's update, so this batch's advantages use the :math:`\nu` of the
-    batches before it, and the step applies from the next batch on.
+    the advantages, so this batch's advantages already use the new :math:`\nu`. ``"after"`` (the 0.2
+    recipe, :func:`rlkit.llm.recipe.train_recipe`): after the policy's update, so this batch's
+    advantages use the :math:`\nu` of the batches before it, and the step applies from the next batch
+    on. Chapter 24's recipe steps before, on the current policy's cost
+    (:class:`rlkit.llm.recipe.CurrentCostConstraint`).
 
     Logged: ``cost`` (:math:`\hat J_C`), ``nu`` (the multiplier after this update's step: with
     ``"before"`` the one this batch's advantages used, with ``"after"`` the one the next batch will
