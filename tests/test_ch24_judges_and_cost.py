@@ -92,7 +92,14 @@ def test_current_policy_cost_hand_case_and_edges():
     assert current_policy_cost(costs, behav, behav, mask) == pytest.approx(0.5)  # fresh: the plain mean
     big = torch.tensor([[1000.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
     assert current_policy_cost(costs, big, behav, mask) == pytest.approx(1.0)    # no overflow
-    assert math.isnan(current_policy_cost(torch.zeros(0), torch.zeros(0, 3), torch.zeros(0, 3), torch.zeros(0, 3)))
+    with pytest.raises(ValueError, match="costs is empty"):          # no response: an error, never NaN
+        current_policy_cost(torch.zeros(0), torch.zeros(0, 3), torch.zeros(0, 3), torch.zeros(0, 3))
+    # NaN in the padding of the log-probs is ignored (a masked-out position holds anything)
+    lp = torch.tensor([[-1.0, float("nan")], [-2.0, -0.5]])
+    got = current_policy_cost(torch.tensor([1.0, 0.0]), lp, torch.full((2, 2), -1.0),
+                              torch.tensor([[1.0, 0.0], [1.0, 1.0]]))
+    w = torch.softmax(torch.tensor([0.0, -1.0 + 0.5]), 0)
+    assert math.isclose(got, float(w[0]), rel_tol=1e-6)
     with pytest.raises(ValueError, match="logp_new"):
         current_policy_cost(costs, torch.zeros(3, 3), behav, mask)
     with pytest.raises(ValueError, match="costs"):

@@ -541,6 +541,13 @@ def _recipe_cases():
                                                      logits_processor=guide, judges=("prefix", "close1")), {}),
         "forbidden_addition": (RC.forbidden_addition, {}, {}),
         "RewardCostQHead": (RC.RewardCostQHead, dict(lm=m.gpt, vocab_size=m.V), {}),
+        "shared_truncation": (RC.shared_truncation, dict(checker=next(iter(RC.SLOPPY_JUDGES.values()))), {}),
+        "aggregate_judges": (RC.aggregate_judges, dict(judges=RC.SLOPPY_JUDGES, how="min"), {}),
+        "current_policy_cost": (RC.current_policy_cost, dict(costs=torch.tensor([0.0, 1.0]), logp_new=torch.zeros(2, 3),
+                                                             logp_behav=torch.full((2, 3), -0.1),
+                                                             mask=torch.ones(2, 3)), {("mask", "dtype"): MASK}),
+        "CurrentCostConstraint": (api(RC, "CurrentCostConstraint"), dict(checker="cost", multiplier=0.5, when="before",
+                                                                         whiten=True), {}),
     }
 
 
@@ -556,8 +563,12 @@ def _lagged_cases():
     probe = dict(step=0, age=torch.tensor([0, 1]), mask=torch.ones(2, 3), truth=torch.full((2, 3), 0.5),
                  n=4, estimates={"none": torch.full((2, 3), 0.4)})
     cfg_cls, cfg_kw = _config_case(LG.LaggedConfig, value_lr=1e-3, probe_every=2)
+    from rlkit.distributed import ActorPool
+    pool = ActorPool(lambda: m.gpt, lambda model, gen: None, n_actors=1)     # not started: only arguments checked
     return {
         "QHead": (LG.QHead, dict(lm=m.gpt, vocab_size=m.V), {}),
+        "HeldBack": (LG.HeldBack, dict(pool=pool, delay=2, timeout=10.0, verify=False),
+                     {("timeout", "inf"): "inf: wait for as long as it takes"}),
         "LaggedConfig": (cfg_cls, cfg_kw, {}),
         "offpolicy_targets(none)": (LG.offpolicy_targets, dict(target="none", **base, lam=0.9, clip_rho=1.0,
                                                                clip_c=1.0),
@@ -706,7 +717,8 @@ NOT_SWEPT = {
     "rlkit.llm.guided": {"GUIDANCE_KINDS": "a constant", "TREE_VALUE_KINDS": "a constant"},
     "rlkit.llm.safety": {"FORBIDDEN": "a constant", "FORBIDDEN_ADDITION": "a constant (a Task)",
                          "ConstrainedResult": "rlkit.llm.RLResult (rlkit.llm.trainer's), a result record"},
-    "rlkit.llm.recipe": {"SLOPPY_JUDGES": "a constant", "RECIPE_TASK": "a constant (a Task)",
+    "rlkit.llm.recipe": {"SLOPPY_JUDGES": "a constant", "SHARED_BUG_JUDGES": "a constant",
+                         "RECIPE_TASK": "a constant (a Task)",
                          "RecipeResult": "rlkit.llm.RLResult (rlkit.llm.trainer's), a result record"},
     "rlkit.llm.lagged": {"TARGETS": "a constant", "PROBES": "a constant",
                          "LaggedResult": "a result record that train_lagged fills (its target_errors is "

@@ -61,9 +61,7 @@ from .tokenizer import CharTokenizer
 from .trainer import HeldOut, Hook, RLResult, Step, train
 
 __all__ = ["TARGETS", "PROBES", "QHead", "LaggedConfig", "LaggedResult", "offpolicy_targets", "continuation_values",
-           "target_errors", "ValueProbes", "ClippedLoss", "train_lagged"]
-# HeldBack (below) is public but not yet in __all__: tests/test_reliability_sweep.py asks every name of __all__ for a
-# sweep case, which the lead adds with it.
+           "target_errors", "ValueProbes", "ClippedLoss", "HeldBack", "train_lagged"]
 
 #: The value-target corrections of :class:`rlkit.llm.advantages.OffPolicy` (``LaggedConfig.target``).
 TARGETS = ("none", "vtrace", "retrace")

@@ -264,23 +264,22 @@ def current_policy_cost(costs: torch.Tensor, logp_new: torch.Tensor, logp_behav:
     step needs), where the batch's plain mean :math:`\frac1N\sum_i c_i` estimates the cost of the mix of
     stale versions. On a fresh batch (:math:`\pi_k = \mu`) the two are equal. The weights are computed
     as a softmax of the log-ratios, so a large log-ratio cannot overflow. ``costs`` ``[N]``,
-    ``logp_new`` and ``logp_behav`` ``[N, T]`` (log-probs of the sampled tokens), ``mask`` ``[N, T]``;
-    an empty batch gives NaN. Chapter: 24_pitfalls_recipe.
+    ``logp_new`` and ``logp_behav`` ``[N, T]`` (log-probs of the sampled tokens; padding may hold
+    anything), ``mask`` ``[N, T]``; an empty batch or a non-finite cost or real log-probability raises
+    ``ValueError``. Chapter: 24_pitfalls_recipe.
     """
-    V.instance_of(costs, "costs", torch.Tensor)
-    if costs.dim() != 1:
-        raise ValueError(f"costs must be a [N] tensor, got shape {tuple(costs.shape)}")
-    for name, x in (("logp_new", logp_new), ("logp_behav", logp_behav), ("mask", mask)):
-        V.instance_of(x, name, torch.Tensor)
-        if x.dim() != 2 or x.shape[0] != costs.shape[0]:
-            raise ValueError(f"{name} must be [N, T] with N = len(costs) = {costs.shape[0]}, got {tuple(x.shape)}")
-    if logp_new.shape != logp_behav.shape or mask.shape != logp_new.shape:
-        raise ValueError(f"logp_new, logp_behav and mask must have one shape, got {tuple(logp_new.shape)}, "
-                         f"{tuple(logp_behav.shape)} and {tuple(mask.shape)}")
+    sizes = V.layout("N", floating=True, costs=costs)
+    V.layout("N T", sizes, floating=True, logp_new=logp_new, logp_behav=logp_behav)
+    m = V.check_mask(mask, logp_new, "logp_new", as_bool=True)
     if costs.shape[0] == 0:
-        return float("nan")
-    m = mask.to(logp_new.dtype)
-    log_w = ((logp_new - logp_behav) * m).sum(-1)
+        raise ValueError("costs is empty: there is no response to estimate the current policy's cost from")
+    diff = torch.where(m, logp_new - logp_behav, torch.zeros((), dtype=logp_new.dtype))   # NaN in padding is ignored
+    for name, x in (("logp_new", logp_new), ("logp_behav", logp_behav)):
+        if not bool(torch.isfinite(torch.where(m, x, torch.zeros((), dtype=x.dtype))).all()):
+            raise ValueError(f"{name} must be finite on the real tokens (where mask is 1)")
+    if not bool(torch.isfinite(costs).all()):
+        raise ValueError("costs must be finite")
+    log_w = diff.sum(-1)
     w = torch.softmax(log_w.double(), 0)
     return float((w * costs.double()).sum())
 
