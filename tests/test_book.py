@@ -209,3 +209,26 @@ def test_claims_ledger_lists_every_claim_of_the_executed_chapters(built_book):
     assert f"{len(claims)} claims in" in page, "the ledger's count disagrees with the executed chapters"
     missing = [c["statement"] for c in claims if c["statement"] not in page]
     assert not missing, f"claims missing from the ledger page: {missing[:5]}"
+
+
+def test_every_figure_cell_has_a_caption_and_a_name():
+    """Issue 21 and 22 (item 10): every figure of chapters 0-25 is captioned and can be referenced.
+
+    A code cell that draws (``plt.subplots``, ``plt.figure``, ``live_figure(``) carries myst-nb's
+    ``mystnb.figure`` metadata with a non-empty ``caption`` and a ``name`` of the form ``fig-chNN-...``.
+    """
+    import json as _json
+    draws = re.compile(r"plt\.subplots|plt\.figure\(|live_figure\(")
+    missing, seen = [], 0
+    for nb in sorted((ROOT / "lessons").glob("[0-9][0-9]_*.ipynb")):
+        cells = _json.loads(nb.read_text())["cells"]
+        for i, cell in enumerate(cells):
+            if cell["cell_type"] != "code" or not draws.search("".join(cell["source"])):
+                continue
+            seen += 1
+            fig = cell.get("metadata", {}).get("mystnb", {}).get("figure", {})
+            name = fig.get("name", "")
+            if not str(fig.get("caption", "")).strip() or not re.fullmatch(rf"fig-ch{nb.name[:2]}-[\w-]+", name):
+                missing.append(f"{nb.name} cell {i}: caption {bool(fig.get('caption'))}, name {name!r}")
+    assert seen >= 80, seen
+    assert not missing, "figures without a caption or a fig-chNN- name:\n" + "\n".join(missing)
