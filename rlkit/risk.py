@@ -419,6 +419,17 @@ def soft_bradley_terry_loss(r_a: Tensor, r_b: Tensor, p_a: Tensor, weights: Tens
 
 # ----------------------------------------------------------------------------- Laplace (last layer)
 
+def _bt_last_layer(phi_a: Tensor, phi_b: Tensor, w: Tensor, prior_precision) -> tuple:
+    """The checks shared by the Laplace functions: ``[M, D]`` features, ``[D]`` weights, ``nu > 0``."""
+    V.float_tensor(phi_a, "phi_a", min_dim=2)
+    V.float_tensor(phi_b, "phi_b", min_dim=2)
+    V.same_layout(phi_a, "phi_a", phi_b, "phi_b")
+    sizes = V.layout("M D", phi_a=phi_a)
+    V.float_tensor(w, "w")
+    V.layout("D", sizes, w=w)
+    return sizes, V.real_in(prior_precision, "prior_precision", 0.0, lo_open=True)
+
+
 def laplace_bt_covariance(phi_a: Tensor, phi_b: Tensor, w: Tensor, prior_precision: float = 1.0,
                           p_a: Tensor | None = None) -> Tensor:
     r"""Posterior covariance of a reward model's last layer under Bradley-Terry (a Laplace approximation).
@@ -443,14 +454,8 @@ def laplace_bt_covariance(phi_a: Tensor, phi_b: Tensor, w: Tensor, prior_precisi
 
     Returns: ``[D, D]`` float64. Chapter: 17_uncertainty_risk.
     """
-    V.float_tensor(phi_a, "phi_a", min_dim=2)
-    V.float_tensor(phi_b, "phi_b", min_dim=2)
-    V.same_layout(phi_a, "phi_a", phi_b, "phi_b")
-    sizes = V.layout("M D", phi_a=phi_a)
-    V.float_tensor(w, "w")
-    V.layout("D", sizes, w=w)
+    sizes, lam = _bt_last_layer(phi_a, phi_b, w, prior_precision)
     V.same_kind(w, "w", phi_a, "phi_a")
-    lam = V.real_in(prior_precision, "prior_precision", 0.0, lo_open=True)
     if p_a is not None:
         V.layout("M", sizes, floating=True, p_a=p_a)
         V.same_kind(p_a, "p_a", phi_a, "phi_a")
@@ -483,16 +488,10 @@ def laplace_bt_map(phi_a: Tensor, phi_b: Tensor, w: Tensor, prior_precision: flo
     Returns: ``[D]`` float64. Raises ``RuntimeError`` if the gradient is not below ``tol`` after
     ``max_steps`` steps. Chapter: 17_uncertainty_risk.
     """
-    V.float_tensor(phi_a, "phi_a", min_dim=2)
-    V.float_tensor(phi_b, "phi_b", min_dim=2)
-    V.same_layout(phi_a, "phi_a", phi_b, "phi_b")
-    sizes = V.layout("M D", phi_a=phi_a)
-    V.float_tensor(w, "w")
-    V.layout("D", sizes, w=w)
+    sizes, lam = _bt_last_layer(phi_a, phi_b, w, prior_precision)
     V.tensor_in(w, "w")
     V.tensor_in(phi_a, "phi_a")
     V.tensor_in(phi_b, "phi_b")
-    lam = V.real_in(prior_precision, "prior_precision", 0.0, lo_open=True)
     max_steps = V.int_in(max_steps, "max_steps")
     tol = V.real_in(tol, "tol", 0.0, lo_open=True)
     delta = (phi_a - phi_b).double()

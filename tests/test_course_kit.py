@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_notebooks_clean import _toc_files  # the one walker of _toc.yml
 
 ROOT = Path(__file__).resolve().parent.parent
 PREREQ = ROOT / "lessons" / "00_prerequisites.ipynb"
@@ -61,22 +62,6 @@ def _bib_keys() -> set[str]:
 
 def _cited(text: str) -> set[str]:
     return {k.strip() for m in CITE.finditer(text) for k in m.group(1).split(",") if k.strip()}
-
-
-def _toc_files() -> list[str]:
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-    files = [toc["root"]]
-
-    def walk(entries):
-        for e in entries or []:
-            if "file" in e:
-                files.append(e["file"])
-            walk(e.get("sections"))
-            walk(e.get("chapters"))
-
-    for part in toc.get("parts", []):
-        walk(part.get("chapters"))
-    return files
 
 
 # ----------------------------------------------------------------------------- prerequisites

@@ -164,11 +164,35 @@ def _mixed_actor(archive: PolicyArchive, versions: torch.Tensor, temperature: fl
     return act
 
 
+def _checked_settings(stale, lr_schedule, lag_schedule, sampler_temperature) -> tuple:
+    """``train_stale_ppo``'s checks of its staleness settings and hooks; returns ``(stale, sampler_temperature)``."""
+    stale = StaleTrainingConfig() if stale is None else stale
+    if not isinstance(stale, StaleTrainingConfig):
+        raise TypeError(f"stale must be a rlkit.staleness.StaleTrainingConfig, got {type(stale).__name__}")
+    for name, f, what in (("lr_schedule", lr_schedule, "learning-rate multiplier"),
+                          ("lag_schedule", lag_schedule, "rlkit.staleness.LagDistribution")):
+        if f is not None and not callable(f):
+            raise TypeError(f"{name} must be callable: f(update) -> {what}")
+    return stale, V.real_in(sampler_temperature, "sampler_temperature", 0.0, lo_open=True)
+
+
+def _lags(stale: StaleTrainingConfig, lag_schedule, update: int, archive: PolicyArchive, n: int,
+          gen: torch.Generator) -> torch.Tensor:
+    """The lags of update ``update``'s ``n`` env rows: from ``lag_schedule(update)`` if given, else
+    ``stale.lag``; the archive grows to hold the largest lag asked for."""
+    lag_dist = stale.lag if lag_schedule is None else lag_schedule(update)
+    if not isinstance(lag_dist, LagDistribution):
+        raise TypeError(f"lag_schedule({update}) must return a rlkit.staleness.LagDistribution, "
+                        f"got {type(lag_dist).__name__}")
+    archive.capacity = max(archive.capacity, lag_dist.max + 1)
+    return lag_dist.sample(n, gen)
+
+
 def train_stale_ppo(env: str | Callable = "CartPole-v1", cfg: StalePPOConfig | None = None,
                     stale: StaleTrainingConfig | None = None, *, lr_schedule: Callable[[int], float] | None = None,
                     lag_schedule: Callable[[int], LagDistribution] | None = None,
-                    sampler_temperature: float = 1.0, callback: Callable | None = None, progress: bool = True, device=None,
-                    threads: int | None = 1):
+                    sampler_temperature: float = 1.0, callback: Callable | None = None, progress: bool = True,
+                    device=None, threads: int | None = 1):
     r"""Train a categorical actor-critic with PPO on lagged data; returns ``(model, history)``.
 
     Args:
@@ -197,14 +221,7 @@ def train_stale_ppo(env: str | Callable = "CartPole-v1", cfg: StalePPOConfig | N
     ``"staleness"``, ``stale.to_dict()``.
     """
     cfg = config_of(cfg, StalePPOConfig)
-    stale = StaleTrainingConfig() if stale is None else stale
-    if not isinstance(stale, StaleTrainingConfig):
-        raise TypeError(f"stale must be a rlkit.staleness.StaleTrainingConfig, got {type(stale).__name__}")
-    if lr_schedule is not None and not callable(lr_schedule):
-        raise TypeError("lr_schedule must be callable: f(update) -> learning-rate multiplier")
-    sampler_temperature = V.real_in(sampler_temperature, "sampler_temperature", 0.0, lo_open=True)
-    if lag_schedule is not None and not callable(lag_schedule):
-        raise TypeError("lag_schedule must be callable: f(update) -> rlkit.staleness.LagDistribution")
+    stale, sampler_temperature = _checked_settings(stale, lr_schedule, lag_schedule, sampler_temperature)
     num_envs, num_steps, lr = cfg.num_envs, cfg.num_steps, cfg.lr
     run = Run(f"stale-ppo-{stale.method}", env, cfg, progress, callback, staleness=stale.to_dict())
     envs, model, collector, dev = setup(env, cfg, device, threads)
@@ -222,14 +239,10 @@ def train_stale_ppo(env: str | Callable = "CartPole-v1", cfg: StalePPOConfig | N
         opt.param_groups[0]["lr"] = lr_now
 
         # 1. sample: env row i acts with version k - lag_i; every sample is tagged with its version
-        lag_dist = stale.lag if lag_schedule is None else lag_schedule(update)
-        if not isinstance(lag_dist, LagDistribution):
-            raise TypeError(f"lag_schedule({update}) must return a rlkit.staleness.LagDistribution, "
-                            f"got {type(lag_dist).__name__}")
-        archive.capacity = max(archive.capacity, lag_dist.max + 1)
-        lags = lag_dist.sample(num_envs, lag_gen)
+        lags = _lags(stale, lag_schedule, update, archive, num_envs, lag_gen)
         row_versions = archive.behaviour_versions(version, lags)
-        batch = collector.collect(_mixed_actor(archive, row_versions, sampler_temperature), num_steps, value_fn=model.critic)
+        batch = collector.collect(_mixed_actor(archive, row_versions, sampler_temperature), num_steps,
+                                  value_fn=model.critic)
 
         # 2. advantages with the learner's critic (time last: [N, T]): GAE as observed, or the advantage
         #    of the current policy pi_k by V-trace (target pi_k, behaviour the version of each row)

@@ -123,12 +123,19 @@ def modified_policy_iteration(P, R, gamma, n_eval, n_iters):
     gamma = V.real_in(gamma, "gamma", 0.0, 1.0, hi_open=True)
     n_eval = V.int_in(n_eval, "n_eval")
     n_iters = V.int_in(n_iters, "n_iters")
+    return _mpi(P, R, gamma, n_eval, n_iters)
+
+
+def _mpi(P, R, gamma, n_eval, n_iters, cold_start=False):
+    """Modified policy iteration; with ``cold_start`` each evaluation restarts from V = 0 (a mistake)."""
     S, A = R.shape
     v = torch.zeros(S, dtype=P.dtype)
     for _ in range(n_iters):
         Q = R + gamma * torch.einsum("sat,t->sa", P, v)
         pi = torch.nn.functional.one_hot(Q.argmax(-1), A).to(P.dtype)
         P_pi, r_pi = torch.einsum("sa,sat->st", pi, P), (pi * R).sum(-1)
+        if cold_start:
+            v = torch.zeros(S, dtype=P.dtype)
         for _ in range(n_eval):
             v = r_pi + gamma * P_pi @ v
     return v
@@ -137,16 +144,7 @@ def modified_policy_iteration(P, R, gamma, n_eval, n_iters):
 @mistake(modified_policy_iteration, "each evaluation restarts from V = 0: warm-start the sweeps from the "
          "current V, otherwise n_eval sweeps never get further than n_eval steps of look-ahead")
 def _mpi_cold_start(P, R, gamma, n_eval, n_iters):
-    S, A = R.shape
-    v = torch.zeros(S, dtype=P.dtype)
-    for _ in range(n_iters):
-        Q = R + gamma * torch.einsum("sat,t->sa", P, v)
-        pi = torch.nn.functional.one_hot(Q.argmax(-1), A).to(P.dtype)
-        P_pi, r_pi = torch.einsum("sa,sat->st", pi, P), (pi * R).sum(-1)
-        v = torch.zeros(S, dtype=P.dtype)
-        for _ in range(n_eval):
-            v = r_pi + gamma * P_pi @ v
-    return v
+    return _mpi(P, R, gamma, n_eval, n_iters, cold_start=True)
 
 
 @mistake(modified_policy_iteration, "the greedy step looks at the immediate reward R only; it must "

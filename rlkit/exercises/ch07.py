@@ -356,22 +356,8 @@ def _optimistic_loss(theta, old_logp, adv, ref_logits, actions, idx, clip, beta)
     return -(surrogate - beta * (torch.exp(log_q) - log_q - 1)).mean()
 
 
-@mistake(grpo_update, "you took the maximum of the clipped and unclipped terms; the surrogate takes the MINIMUM (the "
-                      "pessimistic one)")
-def _gu_max(logits, ref_logits, actions, rewards, order, groups_per_minibatch, lr, clip, beta):
-    return _grpo_loop(logits, ref_logits, actions, rewards, order, groups_per_minibatch, lr, clip, beta,
-                      loss_fn=_optimistic_loss)
-
-
 def _kl_rewarded_loss(theta, old_logp, adv, ref_logits, actions, idx, clip, beta):
     return _grpo_minibatch_loss(theta, old_logp, adv, ref_logits, actions, idx, clip, -beta)
-
-
-@mistake(grpo_update, "the KL term has the wrong sign: the loss must ADD beta * k3, so that moving away from the "
-                      "reference is penalised")
-def _gu_kl_sign(logits, ref_logits, actions, rewards, order, groups_per_minibatch, lr, clip, beta):
-    return _grpo_loop(logits, ref_logits, actions, rewards, order, groups_per_minibatch, lr, clip, beta,
-                      loss_fn=_kl_rewarded_loss)
 
 
 def _summed_loss(theta, old_logp, adv, ref_logits, actions, idx, clip, beta):
@@ -379,7 +365,19 @@ def _summed_loss(theta, old_logp, adv, ref_logits, actions, idx, clip, beta):
     return n * _grpo_minibatch_loss(theta, old_logp, adv, ref_logits, actions, idx, clip, beta)
 
 
-@mistake(grpo_update, "you summed the per-sample losses; average them over the minibatch's samples")
-def _gu_sum(logits, ref_logits, actions, rewards, order, groups_per_minibatch, lr, clip, beta):
-    return _grpo_loop(logits, ref_logits, actions, rewards, order, groups_per_minibatch, lr, clip, beta,
-                      loss_fn=_summed_loss)
+def _register_loss_mistakes():
+    """The mistakes that change only the minibatch loss, each a ``loss_fn`` of :func:`_grpo_loop`."""
+    for loss_fn, cause in (
+            (_optimistic_loss, "you took the maximum of the clipped and unclipped terms; the surrogate takes the "
+                               "MINIMUM (the pessimistic one)"),
+            (_kl_rewarded_loss, "the KL term has the wrong sign: the loss must ADD beta * k3, so that moving away "
+                                "from the reference is penalised"),
+            (_summed_loss, "you summed the per-sample losses; average them over the minibatch's samples")):
+        def variant(logits, ref_logits, actions, rewards, order, groups_per_minibatch, lr, clip, beta, _f=loss_fn):
+            return _grpo_loop(logits, ref_logits, actions, rewards, order, groups_per_minibatch, lr, clip, beta,
+                              loss_fn=_f)
+        variant.__name__ = f"_gu{loss_fn.__name__}"
+        mistake(grpo_update, cause)(variant)
+
+
+_register_loss_mistakes()

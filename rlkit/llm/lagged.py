@@ -396,7 +396,9 @@ class ClippedLoss:
 
 
 class HeldBack(Pool):
-    r"""Real actors with a forced lag: the :class:`rlkit.llm.samplers.Pool` sampler, publishing each version ``delay`` updates late.
+    r"""Real actors with a forced lag: the :class:`rlkit.llm.samplers.Pool` sampler, publishing each version late.
+
+    Each version reaches the actors ``delay`` updates after the learner made it.
 
     Two CPU cores cannot make real actors lag far behind a learner: sampling a group is much
     cheaper than an update, so the actors wait at the bounded queue and the lag stays at 0-1
