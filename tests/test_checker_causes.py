@@ -93,3 +93,13 @@ def test_an_empty_row_gets_neither_score_nor_penalty():
     expect[1] += score[0]
     assert torch.allclose(out[0, :2], expect, atol=1e-12) and out[0, 2] == 0
     assert math.isfinite(float(out.sum()))
+
+
+def test_the_dtype_contract_of_pass_at_k_is_checked():
+    """The review's float32 pass@k (the exercise states float64) passed the checker of rlkit 0.2; it must not."""
+    def pass_at_k_float32(n, c, k):
+        return torch.tensor([1.0 - math.comb(int(a) - int(b), k) / math.comb(int(a), k) for a, b in zip(n, c)],
+                            dtype=torch.float32)
+
+    result = check(pass_at_k_float32, "pass_at_k_estimate", verbose=False)
+    assert not result and "wrong dtype: expected torch.float64, got torch.float32" in result.message
