@@ -625,7 +625,7 @@ def train_multiturn(model, tok: CharTokenizer, task: RetryTask, config: MultiTur
 
     Each update is :func:`~rlkit.llm.multiturn.turn_update` (the conversations, the returns, one step);
     its expected direction is :math:`\nabla J_\gamma`, :math:`J_\gamma = \mathbb E[G_0]` (with the default
-    ``turn_weighting="discount"``; see :func:`turn_loss`).
+    ``turn_weighting="discount"``; see :func:`~rlkit.llm.multiturn.turn_loss`).
 
     The run shell is :func:`rlkit.llm.train`'s (:class:`rlkit.llm.trainer.Run`): Adam at ``lr``, the
     prompts' ``random.Random`` and the rollouts' generator seeded ``seed`` (on the GPU when the
