@@ -103,3 +103,60 @@ def test_the_dtype_contract_of_pass_at_k_is_checked():
 
     result = check(pass_at_k_float32, "pass_at_k_estimate", verbose=False)
     assert not result and "wrong dtype: expected torch.float64, got torch.float32" in result.message
+
+
+def _vtrace_slip(swap=False, raw_delta_weight=False, undiscounted_trace=False):
+    """A student's V-trace target as a forward sum (not the backward recursion of the reference), with one slip."""
+    def vtrace_target(log_rhos, rewards, values, next_values, discounts, clip_rho, clip_c):
+        rho = torch.exp(log_rhos)
+        w_delta = rho if raw_delta_weight else rho.clamp(max=clip_c if swap else clip_rho)
+        c = rho.clamp(max=clip_rho if swap else clip_c)
+        delta = w_delta * (rewards + discounts * next_values - values)
+        T = values.shape[-1]
+        out = values.clone()
+        for t in range(T):
+            coef = torch.ones_like(values[..., 0])
+            for s in range(t, T):
+                out[..., t] = out[..., t] + coef * delta[..., s]
+                coef = coef * (1.0 if undiscounted_trace else discounts[..., s]) * c[..., s]
+        return out
+    return vtrace_target
+
+
+def _nstep_off_by_one(rewards, values, mask, n):
+    L = mask.sum(-1).long()
+    out = torch.zeros_like(rewards)
+    for i in range(rewards.shape[0]):
+        for t in range(int(L[i])):
+            end = min(t + n, int(L[i]))
+            boot = values[i, t + n - 1] if t + n < int(L[i]) else 0.0
+            out[i, t] = rewards[i, t:end].sum() + boot
+    return out
+
+
+def _expectile_mean_over_all(diff, kappa, mask):
+    u = diff.masked_fill(~mask, 0.0)
+    w = (kappa - (u < 0).to(u.dtype)).abs()
+    return (w * u ** 2).mean()
+
+
+MORE_SLIPS = [
+    ("vtrace_target", _vtrace_slip(swap=True), "rho-bar and c-bar are swapped"),
+    ("vtrace_target", _vtrace_slip(raw_delta_weight=True), "weighted by the raw ratio"),
+    ("vtrace_target", _vtrace_slip(undiscounted_trace=True), "the discount is missing from the trace"),
+    ("nstep_target", _nstep_off_by_one, "off by one"),
+    ("expectile_loss", _expectile_mean_over_all, "the mean is over ALL entries"),
+]
+
+
+@pytest.mark.parametrize("name, slip, cause", MORE_SLIPS, ids=[f"{s[0]}-{s[2][:20]}" for s in MORE_SLIPS])
+def test_the_review_s_uncaused_slips_now_have_a_cause(name, slip, cause):
+    """The V-trace slips (chapter 16), the n-step off-by-one (14) and the mean over all entries (21), which the
+    teaching review saw caught with only "first differing element"."""
+    result = check(slip, name, verbose=False)
+    assert not result, f"{name}: the slip passed"
+    assert cause in result.message, f"{name}: caught without the right cause:\n{result.message}"
+
+
+def test_a_correct_forward_sum_vtrace_is_accepted():
+    assert check(_vtrace_slip(), "vtrace_target", verbose=False)

@@ -59,7 +59,7 @@ def vtrace_target(log_rhos, rewards, values, next_values, discounts, clip_rho, c
     return out
 
 
-def _vt_variant(rho_fn, c_fn, weight_delta=True):
+def _vt_variant(rho_fn, c_fn, weight_delta=True, discount_trace=True):
     def fn(log_rhos, rewards, values, next_values, discounts, clip_rho, clip_c):
         rho = torch.exp(log_rhos)
         rb, c = rho_fn(rho, clip_rho, clip_c), c_fn(rho, clip_rho, clip_c)
@@ -67,7 +67,8 @@ def _vt_variant(rho_fn, c_fn, weight_delta=True):
         out = torch.zeros_like(values)
         for t in reversed(range(values.shape[-1])):
             delta = rewards[..., t] + discounts[..., t] * next_values[..., t] - values[..., t]
-            acc = (rb[..., t] if weight_delta else 1.0) * delta + discounts[..., t] * c[..., t] * acc
+            trace = (discounts[..., t] if discount_trace else 1.0) * c[..., t]
+            acc = (rb[..., t] if weight_delta else 1.0) * delta + trace * acc
             out[..., t] = values[..., t] + acc
         return out
     return fn
@@ -89,6 +90,24 @@ def _vt_no_rho(*a):
          "for V^pi but with unbounded variance")
 def _vt_unclipped(*a):
     return _vt_variant(lambda r, rb, cb: r, lambda r, rb, cb: r)(*a)
+
+
+@mistake(vtrace_target, "rho-bar and c-bar are swapped: clip_rho truncates the weight of the TD error, "
+         "min(clip_rho, pi/mu), and clip_c the trace, min(clip_c, pi/mu)")
+def _vt_swapped(*a):
+    return _vt_variant(lambda r, rb, cb: r.clamp(max=cb), lambda r, rb, cb: r.clamp(max=rb))(*a)
+
+
+@mistake(vtrace_target, "the TD error is weighted by the raw ratio pi/mu; V-trace truncates that weight too, "
+         "min(rho-bar, pi/mu), which bounds its variance and sets the fixed point")
+def _vt_raw_rho_on_delta(*a):
+    return _vt_variant(lambda r, rb, cb: r, lambda r, rb, cb: r.clamp(max=cb))(*a)
+
+
+@mistake(vtrace_target, "the discount is missing from the trace: v_t - V_t = rho-bar_t delta_t + gamma_t c_t "
+         "(v_{t+1} - V_{t+1}); without gamma_t the correction also runs across the end of an episode")
+def _vt_undiscounted_trace(*a):
+    return _vt_variant(lambda r, rb, cb: r.clamp(max=rb), lambda r, rb, cb: r.clamp(max=cb), discount_trace=False)(*a)
 
 
 @mistake(vtrace_target, "the ratio is pi/mu (target over behaviour): exp(log_rhos), not exp(-log_rhos)")
