@@ -1,4 +1,4 @@
-"""Tests of chapter 1's exercise checkers (rlkit/exercises/ch01.py).
+"""Tests of chapter 1's exercise checkers (rlkit/exercises/solutions/ch01.py).
 
 The references are compared with independent computations (autograd, hand-worked values, slow
 loops written here, rlkit.returns.discounted_returns); every registered mistake must be caught

@@ -1,4 +1,4 @@
-"""Tests of the exercise checkers of chapters 2 and 3 (rlkit/exercises/ch02.py, ch03.py).
+"""Tests of the exercise checkers of chapters 2 and 3 (rlkit/exercises/solutions/ch02.py, ch03.py).
 
 Every reference passes its own checker, every registered mistake is caught and diagnosed with its
 own cause, and the references agree with independent computations: hand-worked values, closed

@@ -1,4 +1,4 @@
-"""Tests of the exercise checkers of chapters 4 and 6 (rlkit/exercises/ch04.py, ch06.py).
+"""Tests of the exercise checkers of chapters 4 and 6 (rlkit/exercises/solutions/ch04.py, ch06.py).
 
 Every reference passes its own check; every registered mistake fails with its own cause; and
 each reference is compared with an independent computation (hand-worked values, slow loops,

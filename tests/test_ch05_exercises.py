@@ -1,4 +1,4 @@
-"""Tests of chapter 5's exercise checkers (rlkit/exercises/ch05.py).
+"""Tests of chapter 5's exercise checkers (rlkit/exercises/solutions/ch05.py).
 
 Every reference is compared with an independent computation: autograd through a PPO-clip loss
 written here, a brute-force search over couplings, the Gibbs variational identity and a random

@@ -1,4 +1,4 @@
-"""Tests of chapter 8's exercise checkers (rlkit/exercises/ch08.py).
+"""Tests of chapter 8's exercise checkers (rlkit/exercises/solutions/ch08.py).
 
 Every reference is compared with an independent computation: slow loops over versions and tokens,
 scalar math with the standard library, Monte Carlo simulations of Gaussian and non-Gaussian token

@@ -1,4 +1,4 @@
-"""Tests of chapter 14's exercise checkers (rlkit/exercises/ch14.py).
+"""Tests of chapter 14's exercise checkers (rlkit/exercises/solutions/ch14.py).
 
 The references are compared with the library's independent implementations (rlkit.llm.credit,
 rlkit.llm.tasks.digit_rewards) and with hand-worked values; every registered mistake must be

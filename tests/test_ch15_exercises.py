@@ -1,4 +1,4 @@
-"""Tests of chapter 15's exercise checkers (rlkit/exercises/ch15.py).
+"""Tests of chapter 15's exercise checkers (rlkit/exercises/solutions/ch15.py).
 
 The references are compared with independent computations: rlkit.llm.multiturn's vectorised
 functions (turn_returns, turn_advantages, episode_layout) and a closed-form geometric sum; every

@@ -1,4 +1,4 @@
-"""Tests of chapter 16's exercise checkers (rlkit/exercises/ch16.py).
+"""Tests of chapter 16's exercise checkers (rlkit/exercises/solutions/ch16.py).
 
 The references are compared with independent computations: the V-trace target against
 rlkit.offpolicy.vtrace and against the unrolled sum written out by hand; the truncated policy

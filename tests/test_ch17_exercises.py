@@ -1,4 +1,4 @@
-"""Tests of chapter 17's exercise checkers (rlkit/exercises/ch17.py).
+"""Tests of chapter 17's exercise checkers (rlkit/exercises/solutions/ch17.py).
 
 The references are compared with rlkit.risk's independent implementations and with hand-worked
 values; every registered mistake must be caught and reported with its own cause.

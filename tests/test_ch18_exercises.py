@@ -1,4 +1,4 @@
-"""Tests of chapter 18's exercise checkers (rlkit/exercises/ch18.py).
+"""Tests of chapter 18's exercise checkers (rlkit/exercises/solutions/ch18.py).
 
 The references are compared with the library's independent implementations (rlkit.safety's
 LagrangeMultiplier, PIDLagrangian and tilted_policy; rlkit.llm.safety's shield through

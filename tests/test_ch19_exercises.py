@@ -1,4 +1,4 @@
-"""Tests of chapter 19's exercise checkers (rlkit/exercises/ch19.py).
+"""Tests of chapter 19's exercise checkers (rlkit/exercises/solutions/ch19.py).
 
 The references are compared with rlkit.dro's independent implementations (kl_dro, cvar,
 group_dro_step, tv_dro); every registered mistake must be caught and reported with its own cause.

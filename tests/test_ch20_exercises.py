@@ -1,4 +1,4 @@
-"""Tests of chapter 20's exercise checkers (rlkit/exercises/ch20.py).
+"""Tests of chapter 20's exercise checkers (rlkit/exercises/solutions/ch20.py).
 
 The references are compared with the library's independent implementations (rlkit.llm.guided's tree
 recursion, guided logits and exact best-of-n) and with hand-worked values; every registered mistake must be

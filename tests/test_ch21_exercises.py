@@ -1,4 +1,4 @@
-"""Tests of chapter 21's exercise checkers (rlkit/exercises/ch21.py).
+"""Tests of chapter 21's exercise checkers (rlkit/exercises/solutions/ch21.py).
 
 The references are compared with the library's independent implementations (rlkit.offline) and
 hand-worked values; every registered mistake must be caught and reported with its own cause.

@@ -1,4 +1,4 @@
-"""Tests of chapter 22's exercise checkers (rlkit/exercises/ch22.py).
+"""Tests of chapter 22's exercise checkers (rlkit/exercises/solutions/ch22.py).
 
 The references are compared with the library (rlkit.llm.explore) and with brute-force enumeration
 and hand values; every registered mistake must be caught and reported with its own cause.

@@ -1,4 +1,4 @@
-"""Tests of chapter 23's exercise checkers (rlkit/exercises/ch23.py).
+"""Tests of chapter 23's exercise checkers (rlkit/exercises/solutions/ch23.py).
 
 The references are compared with independent computations: rlkit.llm.hierarchy.retry_success (the
 closed form), a direct sum over attempts, and the carry correlation enumerated digit by digit with

@@ -1,4 +1,4 @@
-"""Tests of chapter 24's exercise checkers (rlkit/exercises/ch24.py).
+"""Tests of chapter 24's exercise checkers (rlkit/exercises/solutions/ch24.py).
 
 The references are compared with independent computations: the multiplier steps against
 rlkit.safety.LagrangeMultiplier (projected SGD) and a hand-worked case; the pessimistic reward against

@@ -1,4 +1,4 @@
-"""Tests of chapter 25's exercise checkers (rlkit/exercises/ch25.py).
+"""Tests of chapter 25's exercise checkers (rlkit/exercises/solutions/ch25.py).
 
 The references are compared with independent computations: the position ids against
 rlkit.llm.hf.position_ids' formula written as a slow loop; the merged stop logits against the

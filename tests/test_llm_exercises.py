@@ -1,4 +1,4 @@
-"""Tests of chapter 7's exercise checkers (rlkit/exercises/ch07.py).
+"""Tests of chapter 7's exercise checkers (rlkit/exercises/solutions/ch07.py).
 
 The references are compared with independent computations (hand-worked values, rlkit.llm's
 sampler, rlkit.objectives.grpo_advantages); every registered mistake must be caught and reported

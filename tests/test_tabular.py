@@ -469,7 +469,7 @@ def test_validation_errors():
 
 
 # ----------------------------------------------------------------------------------------------
-# the exercise checkers of Chapters 9-11 (rlkit/exercises/ch09.py, ch10.py, ch11.py)
+# the exercise checkers of Chapters 9-11 (rlkit/exercises/solutions/ch09.py, ch10.py, ch11.py)
 # ----------------------------------------------------------------------------------------------
 from rlkit.exercises import check, exercises, get  # noqa: E402
 

@@ -1,6 +1,6 @@
 """Checkers for the book's exercises.
 
-Each chapter declares its exercises in ``rlkit/exercises/chNN.py``: the reference solution, named
+Each chapter declares its exercises in ``rlkit/exercises/solutions/chNN.py``: the reference solution, named
 after the exercise and decorated with :func:`exercise`, and the known wrong variants, each
 decorated with :func:`mistake` and the cause to report::
 
@@ -157,9 +157,10 @@ def _load_all() -> None:
     global _LOADED
     if _LOADED:
         return
-    for info in pkgutil.iter_modules(__path__):
+    from rlkit.exercises import solutions
+    for info in pkgutil.iter_modules(solutions.__path__):
         if info.name.startswith("ch"):
-            importlib.import_module(f"{__name__}.{info.name}")
+            importlib.import_module(f"{solutions.__name__}.{info.name}")
     _LOADED = True
 
 

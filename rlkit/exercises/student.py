@@ -21,7 +21,7 @@ writes a copy of every chapter notebook to ``OUT/`` with two kinds of content re
 
 Everything else stays as it is: the text, every other code cell in its order, the exercises
 themselves and the calls to :func:`rlkit.exercises.check`, which compare a student's function
-with the reference registered in ``rlkit/exercises/chNN.py``. Outputs are cleared. A chapter
+with the reference registered in ``rlkit/exercises/solutions/chNN.py``. Outputs are cleared. A chapter
 notebook runs in the student edition exactly as it does in the book, up to and including its
 exercises, because no code cell before the solutions is touched.
 

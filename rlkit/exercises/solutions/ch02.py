@@ -23,7 +23,7 @@ import torch
 
 from rlkit import _validate as V
 from rlkit.exercises import Case, exercise, mistake
-from rlkit.exercises.ch01 import reward_to_go
+from rlkit.exercises.solutions.ch01 import reward_to_go
 
 __all__: list[str] = []
 

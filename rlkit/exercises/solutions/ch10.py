@@ -15,7 +15,7 @@ import torch
 from rlkit import _validate as V
 from rlkit import tabular as T
 from rlkit.exercises import Case, exercise, mistake
-from rlkit.exercises.ch09 import discounted_visitation
+from rlkit.exercises.solutions.ch09 import discounted_visitation
 
 __all__: list[str] = []
 F64 = torch.float64

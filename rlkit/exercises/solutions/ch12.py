@@ -14,7 +14,7 @@ import torch
 
 from rlkit import _validate as V
 from rlkit.exercises import Case, exercise, mistake
-from rlkit.exercises.ch04 import clipped_surrogate_loss
+from rlkit.exercises.solutions.ch04 import clipped_surrogate_loss
 
 __all__: list[str] = []
 F64 = torch.float64
