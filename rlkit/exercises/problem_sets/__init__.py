@@ -19,7 +19,9 @@ missing answer (``NotImplementedError``), scores 0 with the exception in the mes
 """
 from __future__ import annotations
 
+import ast
 import importlib
+import json
 import math
 import pkgutil
 import traceback
@@ -29,7 +31,13 @@ from dataclasses import dataclass
 from rlkit import _validate as V
 
 __all__ = ["Test", "ProblemSet", "TestResult", "register_problem_set", "problem_sets", "get_problem_set",
-           "run_tests", "check_task"]
+           "run_tests", "check_task", "ANSWER_PREAMBLE", "answer_cells", "answer_source", "load_answers"]
+
+#: What an answer cell may use without importing it (the grader runs the answer cells after this).
+ANSWER_PREAMBLE = ("import math\n\nimport numpy as np\nimport torch\nimport torch.nn.functional as F\n"
+                   "from torch import nn\n")
+#: Top-level calls that the grader drops from answer cells (they print; they grade nothing).
+_DROPPED_CALLS = ("check", "check_task")
 
 
 @dataclass(frozen=True)
@@ -181,3 +189,60 @@ def check_task(namespace: dict, key: str, task: str, verbose: bool = True) -> li
         got, most = sum(r.points for r in results), sum(r.max_points for r in results)
         print(f"{task}: {got:g} of {most:g} visible points")
     return results
+
+
+def answer_cells(notebook) -> list[tuple[str, str]]:
+    """The answer cells of a notebook (a path or an nbformat-4 dict): ``(name, source)`` in order.
+
+    An answer cell is a code cell tagged ``answer`` whose metadata names its answer
+    (``{"rlkit": {"answer": NAME}}``); a tagged cell without a name is an error.
+    """
+    if not isinstance(notebook, dict):
+        with open(notebook, encoding="utf-8") as f:
+            notebook = json.load(f)
+    V.instance_of(notebook.get("cells"), "notebook['cells']", list, "list (an nbformat-4 notebook)")
+    out = []
+    for i, cell in enumerate(notebook["cells"]):
+        meta = cell.get("metadata", {})
+        if cell.get("cell_type") != "code" or "answer" not in meta.get("tags", []):
+            continue
+        name = meta.get("rlkit", {}).get("answer")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"notebook cell {i}: tagged 'answer' but its metadata has no rlkit.answer name")
+        src = cell.get("source", "")
+        out.append((name, "".join(src) if isinstance(src, list) else src))
+    return out
+
+
+def _without_checks(source: str, where: str) -> str:
+    """``source`` without its top-level ``check(...)`` / ``check_task(...)`` statements."""
+    try:
+        tree = ast.parse(source, filename=where)
+    except SyntaxError as err:
+        raise SyntaxError(f"{where}: {err.msg} (line {err.lineno})") from None
+    lines = source.splitlines(keepends=True)
+    for node in reversed(tree.body):
+        call = node.value if isinstance(node, ast.Expr) else None
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in _DROPPED_CALLS:
+            del lines[node.lineno - 1:node.end_lineno]
+    return "".join(lines)
+
+
+def answer_source(notebook) -> str:
+    """One module's source from a notebook's answer cells: the preamble, then each cell without its
+    top-level ``check``/``check_task`` calls. A cell that is not valid Python raises ``SyntaxError``
+    naming it."""
+    parts = [ANSWER_PREAMBLE]
+    for name, src in answer_cells(notebook):
+        parts.append(f"\n# ---- answer: {name}\n" + _without_checks(src, f"answer cell {name!r}"))
+    return "".join(parts)
+
+
+def load_answers(notebook) -> dict:
+    """Run a notebook's answer cells (:func:`answer_source`) in a fresh namespace and return it.
+
+    This executes the student's code in the calling process: the grader does it in a separate
+    process with a timeout (``python -m rlkit.exercises grade-folder``)."""
+    namespace: dict = {"__name__": "student_answers"}
+    exec(compile(answer_source(notebook), "<answers>", "exec"), namespace)
+    return namespace
