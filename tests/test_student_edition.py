@@ -20,7 +20,14 @@ from pathlib import Path
 import pytest
 
 from rlkit.exercises import exercises
-from rlkit.exercises.student import SOLUTION_NOTE, is_solution_cell, strip_solutions, student_edition
+from rlkit.exercises.student import (
+    ANSWER_TAG,
+    SOLUTION_NOTE,
+    add_answer_cells,
+    is_solution_cell,
+    strip_solutions,
+    student_edition,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 LESSONS = ROOT / "lessons"
@@ -83,7 +90,8 @@ def test_no_solution_code_survives(edition):
             assert _norm(code) not in _norm(text), f"{path.name}: a solution survived:\n{code[:300]}"
             # every line of solution code that the chapter does not also use outside its solutions
             unique = [ln.strip() for ln in code.splitlines() if len(ln.strip()) > 20 and ln.strip() not in rest]
-            leaked = [ln for ln in unique if ln in text]
+            stubs = {"".join(c["source"]).splitlines()[0] for c in student["cells"] if _is_answer(c)}
+            leaked = [ln for ln in unique if ln in text and ln not in stubs]   # an answer cell's signature is no leak
             assert not leaked, f"{path.name}: solution lines survived: {leaked[:3]}"
 
 
@@ -101,12 +109,31 @@ def test_no_registered_reference_solution_survives(edition):
             assert _norm(body) not in text, f"{path.name}: the reference of {ex.name} survived"
 
 
+def _is_answer(cell) -> bool:
+    return cell["cell_type"] == "code" and ANSWER_TAG in cell.get("metadata", {}).get("tags", [])
+
+
+def _without_answers(nb) -> list[dict]:
+    """The student notebook's cells without its answer cells, split markdown cells joined again."""
+    cells = []
+    for cell in nb["cells"]:
+        if _is_answer(cell):
+            continue
+        m = re.fullmatch(r"(.+)-\d+", cell.get("id", ""))
+        if cell["cell_type"] == "markdown" and m and cells and cells[-1].get("id") == m.group(1):
+            cells[-1] = {**cells[-1], "source": "".join(cells[-1]["source"]) + "".join(cell["source"])}
+            continue
+        cells.append(cell)
+    return cells
+
+
 def test_exercises_and_every_other_cell_stay(edition):
     for path in CHAPTERS:
         original, student = _load(path), _load(edition / path.name)
         kept = [c for c in original["cells"] if not is_solution_cell(c)]
-        assert len(student["cells"]) == len(kept), path.name
-        for a, b in zip(kept, student["cells"]):
+        rest = _without_answers(student)
+        assert len(rest) == len(kept), path.name
+        for a, b in zip(kept, rest):
             assert a["cell_type"] == b["cell_type"], path.name
             if a["cell_type"] == "code":               # the code that runs is the book's, in order
                 assert a["source"] == b["source"] and a["metadata"] == b["metadata"], path.name
@@ -115,7 +142,77 @@ def test_exercises_and_every_other_cell_stay(edition):
         assert exercises_before >= 3 and len(re.findall(r"\{exercise\}", _text(student))) == exercises_before
         assert _text(student).count(SOLUTION_NOTE) == len(re.findall(r"\{solution\}", _text(original)))
         checks = len(re.findall(r"check\(", _text({"cells": kept})))
-        assert len(re.findall(r"check\(", _text(student))) == checks, path.name
+        answers = sum(map(_is_answer, student["cells"]))
+        assert len(re.findall(r"check\(", _text(student))) == checks + answers, path.name
+
+
+def _answer_source(name: str) -> str:
+    """The answer cell's source as common23.md fixes it, built here independently of the generator."""
+    from rlkit.exercises import get
+
+    ex = get(name)
+    signature = getattr(ex, "signature", None)
+    if signature is None:
+        params = inspect.signature(ex.reference).parameters.values()
+        signature = "(" + ", ".join(p.name + ("" if p.default is p.empty else f"={p.default!r}") for p in params) + ")"
+    return f"def {name}{signature}:\n"
+
+
+def test_every_registered_exercise_has_exactly_one_answer_cell_under_its_exercise(edition):
+    """Item 2: one runnable answer cell per registered exercise, right under the exercise that asks for it."""
+    total = 0
+    for path in CHAPTERS:
+        chapter = int(path.name[:2])
+        nb = _load(edition / path.name)
+        assert nb["metadata"]["rlkit"] == {"edition": "student", "chapter": chapter}, path.name
+        names = [c["metadata"]["rlkit"]["answer"] for c in nb["cells"] if _is_answer(c)]
+        registered = sorted(e.name for e in exercises(chapter))
+        assert sorted(names) == registered and len(set(names)) == len(names), (path.name, names, registered)
+        for i, cell in enumerate(nb["cells"]):
+            if not _is_answer(cell):
+                continue
+            name = cell["metadata"]["rlkit"]["answer"]
+            assert cell["metadata"] == {"tags": ["answer"], "rlkit": {"answer": name}}
+            src = "".join(cell["source"])
+            assert src.startswith(_answer_source(name)), (name, src[:200])
+            assert src.endswith(f"    # YOUR CODE HERE\n    raise NotImplementedError\n\ncheck({name})"), (name, src)
+            tree = ast.parse(src)
+            fn = tree.body[0]
+            assert [type(n) for n in tree.body] == [ast.FunctionDef, ast.Expr] and fn.name == name
+            assert ast.get_docstring(fn) and isinstance(fn.body[-1], ast.Raise)
+            # the markdown cell just above (after any other answer cells of the same block) holds the one
+            # exercise block that asks for this function
+            j = i - 1
+            while _is_answer(nb["cells"][j]):
+                j -= 1
+            above = "".join(nb["cells"][j]["source"])
+            assert nb["cells"][j]["cell_type"] == "markdown" and len(re.findall(r"\{exercise\}", above)) == 1, \
+                (path.name, name, above[:300])
+            assert re.search(rf"\b{name}\(", above), (path.name, name, above[:300])
+            assert cell["outputs"] == [] and cell["execution_count"] is None
+            total += 1
+        ids = [c["id"] for c in nb["cells"]]
+        assert len(set(ids)) == len(ids), path.name
+        nbformat = pytest.importorskip("nbformat")
+        nbformat.validate(nbformat.reads(json.dumps(nb), as_version=4))
+    assert total == len(exercises()) >= 87
+
+
+def test_the_grader_reads_the_answer_cells_and_a_blank_one_stops_nothing(edition, capsys):
+    """The answer cells are what rlkit.exercises.problem_sets.answer_cells reads; as handed out, each
+    defines its function and its check says "not implemented yet" instead of raising."""
+    from rlkit.exercises import check
+    from rlkit.exercises.problem_sets import answer_cells, load_answers
+
+    nb = _load(edition / "02_advantage_gae.ipynb")
+    names = [n for n, _ in answer_cells(nb)]
+    assert sorted(names) == sorted(e.name for e in exercises(2))
+    namespace = load_answers(nb)
+    assert all(callable(namespace[n]) for n in names)
+    for _, src in answer_cells(nb):
+        exec(compile(src, "<answer>", "exec"), {"check": check, "torch": __import__("torch")})
+    out = capsys.readouterr().out
+    assert out.count("not implemented yet") == len(names), out
 
 
 def test_a_student_notebook_runs_up_to_its_exercises(edition):
@@ -155,3 +252,83 @@ def test_nested_fences_inside_a_solution_are_removed_with_it():
     text = "".join(nb["cells"][0]["source"])
     assert removed == {"blocks": 1, "cells": 0}
     assert "secret" not in text and "Do it." in text and "After." in text and SOLUTION_NOTE in text
+
+
+def test_answer_cells_split_a_cell_of_several_exercises():
+    """A synthetic chapter 0: the answer cell goes under the block that asks for it; a cell of two blocks is split."""
+    cell = {"cell_type": "markdown", "id": "ex", "metadata": {}, "source": [
+        "## Exercises\n", "\n", "```{exercise} A\n", "Write `action_values(P, R, pi, gamma)`.\n", "```\n",
+        "After A.\n", "\n", "::::{exercise} B\n", "Write `finite_horizon_value(P, R, pi, H)`, then\n",
+        "`modified_policy_iteration(...)`; compare with action_values.\n", ":::{note}\n", "x\n", ":::\n", "::::\n"]}
+    code = {"cell_type": "code", "id": "c", "metadata": {}, "source": "x = 1", "outputs": [], "execution_count": None}
+    nb, n = add_answer_cells({"cells": [code, cell], "metadata": {}}, 0, "00_t.ipynb")
+    kinds = [(c["cell_type"], c.get("metadata", {}).get("rlkit", {}).get("answer")) for c in nb["cells"]]
+    assert n == 3 and kinds == [("code", None), ("markdown", None), ("code", "action_values"), ("markdown", None),
+                                ("code", "finite_horizon_value"), ("code", "modified_policy_iteration")]
+    assert "".join(nb["cells"][1]["source"]) == "".join(cell["source"][:7])
+    assert "".join(nb["cells"][3]["source"]) == "".join(cell["source"][7:])
+    assert [c["id"] for c in nb["cells"]] == ["c", "ex", "answer-action_values", "ex-1", "answer-finite_horizon_value",
+                                              "answer-modified_policy_iteration"]
+    assert nb["metadata"]["rlkit"] == {"edition": "student", "chapter": 0}
+
+
+def test_answer_cells_need_an_exercise_that_asks_for_each_function():
+    blocks = {"cell_type": "markdown", "metadata": {}, "source": "```{exercise} A\nWrite `action_values(P)`.\n```\n"}
+    with pytest.raises(ValueError, match=r"00_t.ipynb: no \{exercise\} block asks for finite_horizon_value"):
+        add_answer_cells({"cells": [blocks]}, 0, "00_t.ipynb")
+    plain = {"cells": [{"cell_type": "markdown", "metadata": {}, "source": "No exercises here.\n"}]}
+    nb, n = add_answer_cells(plain, 0)
+    assert n == 0 and nb["cells"] == plain["cells"] and nb["metadata"]["rlkit"]["edition"] == "student"
+    with pytest.raises(ValueError, match="chapter must be"):
+        add_answer_cells(plain, -1)
+
+
+#: Answers a student might write for chapter 0: a correct one (by another route than the book's: V first,
+#: then Q from it) and a registered mistake (the rows of V in the wrong order: V[0] is the last step).
+CORRECT_ACTION_VALUES = '''def action_values(P, R, pi, gamma):
+    """Q by solving for V first, then one backup."""
+    S, A = R.shape
+    P_pi = torch.einsum("sa,sat->st", pi, P)
+    r_pi = (pi * R).sum(-1)
+    v = torch.linalg.solve(torch.eye(S, dtype=P.dtype) - gamma * P_pi, r_pi)
+    return R + gamma * torch.einsum("sat,t->sa", P, v)
+
+check(action_values)'''
+REVERSED_FINITE_HORIZON = '''def finite_horizon_value(P, R, pi, H):
+    """V[t] for t = 0..H, built forward from V = 0 (the rows come out reversed)."""
+    P_pi = torch.einsum("sa,sat->st", pi, P)
+    r_pi = (pi * R).sum(-1)
+    rows = [torch.zeros(R.shape[0], dtype=P.dtype)]
+    for _ in range(H):
+        rows.append(r_pi + P_pi @ rows[-1])
+    return torch.stack(rows)
+
+check(finite_horizon_value)'''
+
+
+def test_a_student_fills_two_answer_cells_and_sees_the_pass_and_the_diagnosis(edition):
+    """Item 2: chapter 0 run as a student would, one answer right, one a registered mistake, one left blank."""
+    pytest.importorskip("nbclient")
+    nbformat = pytest.importorskip("nbformat")
+    from rlkit.exercises import get
+    from rlkit.robustness import notebook_client
+
+    nb = nbformat.read(str(edition / "00_prerequisites.ipynb"), as_version=4)
+    answers = {c.metadata["rlkit"]["answer"]: c for c in nb.cells if c.cell_type == "code"
+               and "answer" in c.metadata.get("tags", [])}
+    assert set(answers) == {"action_values", "finite_horizon_value", "modified_policy_iteration"}
+    answers["action_values"].source = CORRECT_ACTION_VALUES
+    answers["finite_horizon_value"].source = REVERSED_FINITE_HORIZON
+    notebook_client(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(edition)}}).execute()
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
+    assert not errors, errors
+
+    def printed(cell):
+        return "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
+
+    assert printed(answers["action_values"]).startswith("✓ action_values"), printed(answers["action_values"])
+    said = printed(answers["finite_horizon_value"])
+    cause = next(m.cause for m in get("finite_horizon_value").mistakes if m.cause.startswith("the rows are in the"))
+    assert said.startswith("✗ finite_horizon_value") and f"likely cause: {cause}" in said, said
+    assert "not implemented yet" in printed(answers["modified_policy_iteration"])
+    assert all(c.execution_count is not None for c in nb.cells if c.cell_type == "code")
