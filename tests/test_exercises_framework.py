@@ -359,3 +359,131 @@ def test_grade_refuses_a_timeout_that_is_not_a_positive_number(tmp_path, capsys,
         main(["grade", str(student), "--timeout", bad])
     err = capsys.readouterr().err
     assert info.value.code == 2 and "--timeout" in err and "seconds" in err, err
+
+
+# ------------------------------------------------------------- stored expectations (issue 23, item 3)
+
+def _declared():
+    """The book's exercises as declared in rlkit/exercises/solutions/chNN.py, by chapter."""
+    from collections import defaultdict
+
+    from rlkit.exercises import exercises
+    out = defaultdict(dict)
+    for ex in exercises():
+        if getattr(ex.reference, "__module__", "").startswith("rlkit.exercises.solutions.ch"):
+            out[ex.chapter][ex.name] = ex
+    return out
+
+
+def _record_hint(chapter):
+    return f"stale stored expectations: run python -m rlkit.exercises.solutions record --chapter {chapter}"
+
+
+def test_the_stored_expectations_list_the_declared_exercises_cases_and_mistakes():
+    """A helper who changes an exercise and forgets to re-record fails here, told which command to run."""
+    from rlkit.exercises import EXPECTED_DIR, read_expected, stale
+
+    declared = _declared()
+    stored_chapters = sorted(int(p.stem[2:]) for p in EXPECTED_DIR.glob("ch[0-9][0-9].pt"))
+    assert stored_chapters == sorted(declared), (
+        f"chapters with stored expectations {stored_chapters} != chapters declaring exercises {sorted(declared)}: "
+        "run python -m rlkit.exercises.solutions record")
+    for ch, exs in declared.items():
+        assert sorted(read_expected(ch)) == sorted(exs), f"chapter {ch}: {_record_hint(ch)}"
+        for ex in exs.values():
+            assert stale(ex) == [], f"{stale(ex)}: {_record_hint(ch)}"
+
+
+def test_the_stored_outputs_are_the_references_and_mistakes_outputs_now():
+    """Each stored output equals what the reference (and each mistake) gives on the case today,
+    within the exercise's atol/rtol and with the same dtypes; the signature and docstring are the reference's."""
+    import inspect
+
+    from rlkit.exercises import _call, _compare, _outputs_or_none, read_expected
+
+    n = 0
+    for ch, exs in _declared().items():
+        stored = read_expected(ch)
+        for name, ex in exs.items():
+            if name not in stored:           # the test above names the command to run
+                continue
+            st = stored[name].stored
+            assert st.signature == str(inspect.signature(ex.reference)), _record_hint(ch)
+            assert st.doc == (inspect.getdoc(ex.reference) or ""), _record_hint(ch)
+            for i, (case, exp) in enumerate(zip(st.cases, st.expected)):
+                diff = _compare(_call(ex.reference, case, ex), exp, ex.atol, ex.rtol, True)
+                assert diff is None, f"{name} case {i + 1}: {diff}; {_record_hint(ch)}"
+                n += 1
+            for m, (cause, outs) in zip(ex.mistakes, st.mistakes):
+                for i, (now, then) in enumerate(zip(_outputs_or_none(m.fn, st.cases, ex), outs)):
+                    where = f"{name}, mistake {cause!r}, case {i + 1}"
+                    assert (now is None) == (then is None), f"{where}: {_record_hint(ch)}"
+                    if now is not None:
+                        assert _compare(now, then, ex.atol, ex.rtol, True) is None, \
+                            f"{name}, mistake {cause!r}, case {i + 1}: {_record_hint(ch)}"
+    assert n >= 300, n
+
+
+def test_the_stored_data_loads_with_weights_only_and_is_small():
+    from rlkit.exercises import EXPECTED_DIR
+
+    files = sorted(EXPECTED_DIR.glob("ch[0-9][0-9].pt"))
+    for f in files:
+        data = torch.load(f, weights_only=True)
+        rec = data["exercises"][0]
+        assert {"name", "chapter", "description", "atol", "rtol", "match_dtype", "probe", "signature", "doc",
+                "cases", "expected", "mistakes"} <= set(rec), f.name
+    assert sum(f.stat().st_size for f in files) < 3_000_000
+
+
+def test_check_never_runs_a_book_reference():
+    """A book exercise is checked against its stored outputs: with the reference and every mistake
+    replaced by functions that fail if called, a correct answer still passes and a mistake is diagnosed."""
+    from rlkit.exercises import Mistake
+
+    ex = get("reward_to_go")
+    saved = (ex.reference, ex.mistakes)
+
+    def boom(*args, **kwargs):
+        raise AssertionError("the reference was called")
+
+    try:
+        ex.reference = boom
+        boom.__module__ = saved[0].__module__
+        ex.mistakes = [Mistake(boom, m.cause) for m in saved[1]]
+
+        def reward_to_go(rewards, discounts):
+            out, g = torch.zeros_like(rewards), torch.zeros_like(rewards[..., 0])
+            for t in reversed(range(rewards.shape[-1])):
+                g = rewards[..., t] + discounts[..., t] * g
+                out[..., t] = g
+            return out
+
+        assert check(reward_to_go, verbose=False)
+        bad = check(lambda rewards, discounts: reward_to_go(rewards, discounts) - rewards, name="reward_to_go",
+                    verbose=False)
+        assert "the sum starts at r_{t+1}" in bad.message, bad.message
+    finally:
+        ex.reference, ex.mistakes = saved
+
+
+def test_check_counts_every_case_for_partial_credit():
+    """cases_passed counts every case that matches, not the cases before the first failure; the
+    message still reports the first failing case."""
+    def gae_like(r, d):
+        out = _reference(r, d)
+        return out if r.shape[-1] != 4 else out + 1
+
+    cases = [Case((torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([0.9, 0.9, 0.0, 0.9])), label="four"),
+             Case((torch.tensor([1.0, 2.0, 3.0]), torch.tensor([0.9, 0.0, 0.9])), label="three"),
+             Case((torch.tensor([1.0, 2.0]), torch.tensor([0.5, 0.5])), label="two")]
+    register(Exercise("_test_rtg_partial", 0, _reference, cases))
+    result = check(gae_like, name="_test_rtg_partial", verbose=False)
+    assert not result and result.cases_passed == 2 and result.cases_total == 3
+    assert "2 of 3 cases passed" in result.message and "case 1 (four)" in result.message
+
+
+def test_exercise_signature_and_doc_for_answer_cells():
+    ex = get("reward_to_go")
+    assert ex.signature == "(rewards, discounts)" and ex.parameters == ("rewards", "discounts")
+    assert ex.doc.startswith(":math:`G_t")

@@ -25,6 +25,27 @@ in time, time reversed).
 ``check`` returns a :class:`CheckResult`, truthy when every case matched, so a notebook can
 ``assert check(my_fn)``. Instructors can grade with :func:`grade`, which runs the checks for
 a whole namespace of student functions and returns a table of results.
+
+**Stored expectations: no reference code at checking time.** ``check`` never runs a book
+exercise's reference or its mistakes. It compares against their outputs recorded on the fixed
+cases, ``rlkit/exercises/expected/chNN.pt`` (written by ``python -m rlkit.exercises.solutions
+record [--chapter N]``; loadable with ``torch.load(path, weights_only=True)``): the cases
+themselves, the reference's outputs (through the exercise's probe, :mod:`rlkit.exercises.probes`)
+and each registered mistake's outputs with its cause. A student's function is run on every case
+(``cases_passed`` counts them all, for partial credit); the message reports the first failing
+case and its likely cause. The diagnoses are those of the live checker: a registered mistake is
+recognised by its stored outputs, then the generic patterns, the gradient probe, the in-place,
+NaN, dtype and signature checks.
+
+There are two installs. The instructor's has ``rlkit/exercises/solutions/`` (the references,
+cases and mistakes as code): there :func:`get` returns the live :class:`Exercise`, with
+``reference`` and ``mistakes[i].fn``, and :func:`self_check` works. The student bundle
+(``python -m rlkit.exercises student-bundle OUT/``) has no ``solutions`` package: the registry is
+rebuilt from the stored data as :class:`StoredExercise` objects, whose ``reference`` raises
+``AttributeError`` (with a message saying why) and whose mistakes carry their causes only
+(``fn`` is None). :func:`has_solutions` says which install this is. An exercise registered at run
+time (with :func:`register` or :func:`exercise`, e.g. in a test) has no stored data and is checked
+against its reference, run live.
 """
 from __future__ import annotations
 
@@ -34,14 +55,23 @@ import inspect
 import pkgutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from rlkit import _validate as V
 
-__all__ = ["Case", "Mistake", "Exercise", "CheckResult", "UnknownExerciseError", "register", "exercise", "mistake",
-           "check", "grade", "exercises", "get", "self_check"]
+__all__ = ["Case", "Mistake", "Exercise", "StoredExercise", "Stored", "CheckResult", "UnknownExerciseError",
+           "register", "exercise", "mistake", "check", "grade", "exercises", "get", "self_check", "has_solutions",
+           "EXPECTED_DIR", "expected_path"]
+
+#: where the stored expectations live: one ``chNN.pt`` per chapter
+EXPECTED_DIR = Path(__file__).resolve().parent / "expected"
+#: the version of the stored data's layout (``record`` writes it; a reader refuses another)
+STORED_FORMAT = 1
+#: the command that rewrites a chapter's stored expectations (quoted in messages about stale data)
+RECORD_COMMAND = "python -m rlkit.exercises.solutions record --chapter {chapter}"
 
 
 class UnknownExerciseError(ValueError):
@@ -59,10 +89,33 @@ class Case:
 
 @dataclass
 class Mistake:
-    """A known wrong variant of the reference and the cause to report when a student matches it."""
+    """A known wrong variant of the reference and the cause to report when a student matches it
+    (``fn`` is None in the student bundle, where only the variant's stored outputs remain)."""
 
-    fn: Callable
+    fn: Callable | None
     cause: str
+
+
+@dataclass
+class Stored:
+    """An exercise's stored expectations (what ``expected/chNN.pt`` holds for it).
+
+    Attributes:
+        cases: the visible cases (inputs and labels), as the reference was run on them.
+        expected: the reference's outputs, one per case (through the exercise's probe, if any).
+        mistakes: ``(cause, outputs)`` per registered mistake, in order; ``outputs[i]`` is None
+            where the mistake raised on case ``i``.
+        signature: the reference's signature, e.g. ``"(rewards, discounts)"`` (for answer cells).
+        parameters: its parameter names.
+        doc: the reference's docstring ("" if none).
+    """
+
+    cases: list
+    expected: list
+    mistakes: list
+    signature: str
+    parameters: tuple
+    doc: str = ""
 
 
 @dataclass
@@ -83,6 +136,9 @@ class Exercise:
     #: whether a floating-point tensor output must have the reference's dtype (the dtype of the
     #: floating-point inputs, or the one the exercise states); if not, any floating dtype is accepted.
     match_dtype: bool = True
+    #: the stored expectations (None until :func:`check` first reads them; None for an exercise
+    #: registered at run time, which is checked against its live reference)
+    stored: Stored | None = field(default=None, repr=False, compare=False)
 
     def get_cases(self) -> list[Case]:
         cases = list(self.cases() if callable(self.cases) else self.cases)
@@ -90,6 +146,55 @@ class Exercise:
         for i, c in enumerate(cases):
             V.instance_of(c, f"exercise {self.name!r}: case {i}", Case, "Case")
         return cases
+
+    @property
+    def signature(self) -> str:
+        """The function's signature as the answer cell writes it, e.g. ``"(rewards, discounts)"``."""
+        st = _stored(self)
+        return st.signature if st is not None else str(inspect.signature(self.reference))
+
+    @property
+    def parameters(self) -> tuple[str, ...]:
+        """The names of the function's parameters."""
+        st = _stored(self)
+        return st.parameters if st is not None else tuple(inspect.signature(self.reference).parameters)
+
+    @property
+    def doc(self) -> str:
+        """The reference's docstring ("" if it has none)."""
+        st = _stored(self)
+        return st.doc if st is not None else (inspect.getdoc(self.reference) or "")
+
+
+class StoredExercise(Exercise):
+    """An exercise rebuilt from its stored expectations, where the instructor's
+    ``rlkit.exercises.solutions`` is not installed (the student bundle).
+
+    It checks exactly as the live exercise does, against the stored outputs, but it holds no code
+    of the reference or of the mistakes: ``reference`` raises ``AttributeError`` saying so, and
+    each of ``mistakes`` has ``fn=None`` and its cause.
+    """
+
+    @property
+    def reference(self):
+        raise AttributeError(
+            f"exercise {self.name!r} has no reference solution in this installation: the student edition "
+            f"of rlkit holds only the expected outputs on the visible cases (rlkit/exercises/expected/"
+            f"ch{self.chapter:02d}.pt), which check() compares against; the reference solutions stay with "
+            f"the instructor (rlkit/exercises/solutions/)")
+
+    @reference.setter
+    def reference(self, value):
+        if value is not None:
+            raise ValueError("a StoredExercise has no reference (pass reference=None)")
+
+    def __repr__(self) -> str:
+        return f"StoredExercise({self.name!r}, chapter={self.chapter}, {len(self.stored.cases)} cases)"
+
+    def __eq__(self, other) -> bool:
+        return self is other
+
+    __hash__ = object.__hash__
 
 
 @dataclass
@@ -142,7 +247,7 @@ def mistake(reference: Callable, cause: str) -> Callable[[Callable], Callable]:
     """Decorator: register the decorated function as a known wrong variant of the exercise whose
     reference is ``reference``; ``check`` reports ``cause`` when a student's outputs match it on
     every case. Mistakes are tried in the order they are declared."""
-    ex = next((e for e in _REGISTRY.values() if e.reference is reference), None)
+    ex = next((e for e in _REGISTRY.values() if getattr(e, "reference", None) is reference), None)
     if ex is None:
         raise ValueError(f"mistake: {getattr(reference, '__name__', reference)!r} is not the reference of a "
                          "registered exercise (decorate it with @exercise first)")
@@ -153,14 +258,93 @@ def mistake(reference: Callable, cause: str) -> Callable[[Callable], Callable]:
     return decorate
 
 
+_SOLUTIONS: bool | None = None          # whether rlkit.exercises.solutions is importable (None: not tried)
+_EXPECTED: dict[int, dict[str, StoredExercise]] = {}
+
+
+def has_solutions() -> bool:
+    """True in the instructor's install (``rlkit.exercises.solutions`` importable), False in the
+    student bundle, where the exercises are rebuilt from the stored expectations."""
+    global _SOLUTIONS
+    if _SOLUTIONS is None:
+        try:
+            importlib.import_module("rlkit.exercises.solutions")
+            _SOLUTIONS = True
+        except ModuleNotFoundError as err:
+            if err.name != "rlkit.exercises.solutions":      # a missing dependency inside it is a real error
+                raise
+            _SOLUTIONS = False
+    return _SOLUTIONS
+
+
+def expected_path(chapter: int) -> Path:
+    """The file of chapter ``chapter``'s stored expectations."""
+    return EXPECTED_DIR / f"ch{int(chapter):02d}.pt"
+
+
+def _case_from(record: dict) -> Case:
+    return Case(tuple(record["args"]), dict(record["kwargs"]), record["label"])
+
+
+def _stored_exercise(rec: dict, path: Path) -> StoredExercise:
+    from rlkit.exercises.probes import PROBES
+
+    probe = None
+    if rec["probe"] is not None:
+        if rec["probe"] not in PROBES:
+            raise ValueError(f"{path}: exercise {rec['name']!r} was recorded with the probe {rec['probe']!r}, which "
+                             f"rlkit.exercises.probes does not define (known: {', '.join(PROBES)})")
+        probe = PROBES[rec["probe"]]
+    cases = [_case_from(c) for c in rec["cases"]]
+    stored = Stored(cases, list(rec["expected"]), [(m["cause"], list(m["outputs"])) for m in rec["mistakes"]],
+                    rec["signature"], tuple(rec["parameters"]), rec["doc"])
+    mistakes = [Mistake(None, m["cause"]) for m in rec["mistakes"]]
+    return StoredExercise(rec["name"], rec["chapter"], None, cases, mistakes, rec["atol"], rec["rtol"],
+                          rec["description"], probe, rec["match_dtype"], stored)
+
+
+def read_expected(chapter: int) -> dict[str, StoredExercise]:
+    """Chapter ``chapter``'s stored expectations, by exercise name (empty if the chapter has no file)."""
+    chapter = int(chapter)
+    if chapter not in _EXPECTED:
+        path = expected_path(chapter)
+        out: dict[str, StoredExercise] = {}
+        if path.is_file():
+            data = torch.load(path, weights_only=True)
+            if not isinstance(data, dict) or data.get("format") != STORED_FORMAT:
+                raise ValueError(f"{path}: not stored expectations of format {STORED_FORMAT}; rewrite it with "
+                                 + RECORD_COMMAND.format(chapter=chapter))
+            for rec in data["exercises"]:
+                out[rec["name"]] = _stored_exercise(rec, path)
+        _EXPECTED[chapter] = out
+    return _EXPECTED[chapter]
+
+
+def _stored(ex: Exercise) -> Stored | None:
+    """The stored expectations of ``ex``: its own, or (a book exercise of the instructor's install,
+    declared in rlkit/exercises/solutions/) those recorded under its name; None if there are none."""
+    if ex.stored is None:
+        module = getattr(ex.__dict__.get("reference"), "__module__", "") or ""
+        if module.startswith("rlkit.exercises.solutions."):
+            rec = read_expected(ex.chapter).get(ex.name)
+            if rec is not None:
+                ex.stored = rec.stored
+    return ex.stored
+
+
 def _load_all() -> None:
     global _LOADED
     if _LOADED:
         return
-    from rlkit.exercises import solutions
-    for info in pkgutil.iter_modules(solutions.__path__):
-        if info.name.startswith("ch"):
-            importlib.import_module(f"{solutions.__name__}.{info.name}")
+    if has_solutions():
+        from rlkit.exercises import solutions
+        for info in pkgutil.iter_modules(solutions.__path__):
+            if info.name.startswith("ch"):
+                importlib.import_module(f"{solutions.__name__}.{info.name}")
+    else:
+        for path in sorted(EXPECTED_DIR.glob("ch[0-9][0-9].pt")):
+            for name, ex in read_expected(int(path.stem[2:])).items():
+                _REGISTRY.setdefault(name, ex)
     _LOADED = True
 
 
@@ -387,73 +571,148 @@ def _signature_problem(student_fn: Callable, ex: Exercise, cases: list[Case]) ->
             sig.bind(*case.args, **case.kwargs)
         except TypeError as err:
             return (f"your function takes ({_parameters(student_fn)}) but the exercise calls it as "
-                    f"{ex.name}({_parameters(ex.reference)}) ({err}); give it the exercise's parameters")
+                    f"{ex.name}({', '.join(ex.parameters)}) ({err}); give it the exercise's parameters")
     return None
 
 
-def _first_failure(student_fn: Callable, ex: Exercise, cases: list[Case]) -> tuple[int, str | None]:
-    """Run the student's function on the cases in order: (cases passed, the first failure or None)."""
+def _detached(out):
+    """``out`` with every tensor detached (what is stored and compared)."""
+    if isinstance(out, torch.Tensor):
+        return out.detach()
+    if isinstance(out, (list, tuple)) and not hasattr(out, "_fields"):
+        return type(out)(_detached(o) for o in out)
+    if isinstance(out, tuple):                     # a named tuple (e.g. torch.return_types): keep its items
+        return tuple(_detached(o) for o in out)
+    return out
+
+
+def _outputs_or_none(fn: Callable, cases: list[Case], ex: Exercise) -> list:
+    """``fn``'s outputs on each case (None where it raised)."""
+    outs = []
+    for case in cases:
+        try:
+            outs.append(_detached(_call(fn, case, ex)))
+        except Exception:
+            outs.append(None)
+    return outs
+
+
+def _live_mistakes(ex: Exercise, cases: list[Case]) -> list[tuple[str, list]]:
+    """``(cause, outputs per case)`` for each of ``ex``'s registered mistakes, run now."""
+    return [(m.cause, _outputs_or_none(m.fn, cases, ex)) for m in ex.mistakes]
+
+
+def _expectations(ex: Exercise) -> tuple[list[Case], list, Callable[[], list]]:
+    """The cases, the expected output on each, and (lazily) the mistakes' outputs: the stored ones
+    when there are, else from the live reference and mistakes (an exercise registered at run time)."""
+    st = _stored(ex)
+    if st is not None:
+        return st.cases, st.expected, lambda: st.mistakes
+    cases = ex.get_cases()
+    return cases, [_call(ex.reference, c, ex) for c in cases], lambda: _live_mistakes(ex, cases)
+
+
+_RAISED = object()        # a student's function raised (or modified its input) on this case
+
+
+def _same(got, theirs, ex: Exercise) -> bool:
+    """Whether a student's output equals a mistake's (floating dtypes not compared), never raising."""
+    if got is _RAISED or theirs is None:
+        return False
+    try:
+        return _compare(got, theirs, ex.atol, ex.rtol) is None
+    except Exception:
+        return False
+
+
+def _match_mistake(outputs: list, ex: Exercise, mistakes: list[tuple[str, list]]) -> str | None:
+    """The cause of the first registered mistake whose outputs the student's match on every case."""
+    for cause, theirs in mistakes:
+        if len(theirs) == len(outputs) and all(_same(g, t, ex) for g, t in zip(outputs, theirs)):
+            return cause
+    return None
+
+
+def _run_case(student_fn: Callable, ex: Exercise, case: Case, expected, where: str):
+    """The student's output on one case and why it fails (None if it matches)."""
+    args, kwargs = _clone(case.args), _clone(case.kwargs)
+    try:
+        got = _run(student_fn, ex, args, kwargs)
+    except NotImplementedError:
+        return _RAISED, f"{where}: not implemented yet (the function raised NotImplementedError)", False
+    except Exception as err:  # report the student's exception, don't crash the notebook
+        return _RAISED, f"{where}: your function raised {type(err).__name__}: {err}", False
+    changed = _inputs_modified(case.args, args)
+    if changed:
+        return _RAISED, (f"{where}: your function modified its input in place ({', '.join(changed)}); "
+                         f"work on a copy"), False
+    diff = _compare(got, expected, ex.atol, ex.rtol, ex.match_dtype)
+    return got, (None if diff is None else f"{where}: {diff}"), diff is not None
+
+
+def _evaluate(student_fn: Callable, ex: Exercise, cases: list[Case], expected: list,
+              mistakes: Callable[[], list], what: str = "case") -> tuple[int, str | None]:
+    """Run the student's function on every case: (cases passed, the first failure and its cause, or None).
+
+    A value difference gets the cause of the registered mistake whose outputs the student's match
+    on every case (``mistakes()`` gives them), if any."""
     problem = _signature_problem(student_fn, ex, cases)
     if problem is not None:
         return 0, problem
-    for i, case in enumerate(cases):
-        expected = _call(ex.reference, case, ex)
-        args, kwargs = _clone(case.args), _clone(case.kwargs)
-        try:
-            got = _run(student_fn, ex, args, kwargs)
-        except NotImplementedError:
-            return i, f"{_describe_case(case, i)}: not implemented yet (the function raised NotImplementedError)"
-        except Exception as err:  # report the student's exception, don't crash the notebook
-            return i, f"{_describe_case(case, i)}: your function raised {type(err).__name__}: {err}"
-        changed = _inputs_modified(case.args, args)
-        if changed:
-            return i, (f"{_describe_case(case, i)}: your function modified its input in place "
-                       f"({', '.join(changed)}); work on a copy")
-        diff = _compare(got, expected, ex.atol, ex.rtol, ex.match_dtype)
-        if diff is not None:
-            known = _match_mistake(student_fn, ex, cases)
-            return i, f"{_describe_case(case, i)}: {diff}" + (f"\n   likely cause: {known}" if known else "")
-    return len(cases), None
+    outputs, passed, first, first_is_value = [], 0, None, False
+    for i, (case, exp) in enumerate(zip(cases, expected)):
+        where = f"{what} {i + 1}" + (f" ({case.label})" if case.label else "")
+        got, failure, is_value = _run_case(student_fn, ex, case, exp, where)
+        outputs.append(got)
+        if failure is None:
+            passed += 1
+        elif first is None:
+            first, first_is_value = failure, is_value
+    if first is not None and first_is_value:
+        known = _match_mistake(outputs, ex, mistakes())
+        if known:
+            first += f"\n   likely cause: {known}"
+    return passed, first
+
+
+def _result(ex: Exercise, passed: int, total: int, failure: str | None, what: str = "case") -> CheckResult:
+    if failure is None:
+        message = (f"✓ {ex.name}: " + (f"the {what} matches" if total == 1 else f"all {total} {what}s match")
+                   + " the reference. Well done!")
+    else:
+        message = f"✗ {ex.name}: {passed} of {total} {what}s passed.\n   {failure}"
+    return CheckResult(ex.name, failure is None, message, passed, total)
+
+
+def check_on(student_fn: Callable, ex: Exercise, cases: list[Case], expected: list,
+             mistakes: Callable[[], list], what: str = "case") -> CheckResult:
+    """Check ``student_fn`` on given cases and expected outputs (the instructor's hidden cases use this)."""
+    passed, failure = _evaluate(student_fn, ex, cases, expected, mistakes, what)
+    return _result(ex, passed, len(cases), failure, what)
 
 
 def check(student_fn: Callable, name: str | None = None, verbose: bool = True) -> CheckResult:
     """Check a student's function against the exercise of the same name (or ``name``).
 
     Refuses a non-callable (``TypeError``) and a name no exercise is registered under
-    (:class:`UnknownExerciseError`, a ``ValueError``). Runs the student's function and the
-    reference on every case, stops at the first case that differs (or at a signature that cannot
-    take the cases' arguments), and reports what differs and its likely cause, a floating-point
-    output of another dtype than the reference's included (unless the exercise leaves it open).
-    Prints the report when ``verbose`` and returns a :class:`CheckResult` (truthy iff every case
-    matched).
+    (:class:`UnknownExerciseError`, a ``ValueError``). Runs the student's function on every case
+    and compares its outputs with the stored expected ones (a book exercise; an exercise
+    registered at run time is compared with its reference, run now). ``cases_passed`` counts the
+    cases that matched; the message reports the first case that differs (or a signature that
+    cannot take the cases' arguments), what differs and its likely cause, a floating-point output
+    of another dtype than the reference's included (unless the exercise leaves it open). Prints the
+    report when ``verbose`` and returns a :class:`CheckResult` (truthy iff every case matched).
     """
     V.is_callable(student_fn, "student_fn (your function)")
     if name is None:
         name = V.instance_of(getattr(student_fn, "__name__", None), "student_fn.__name__", str,
                              "str (pass name='...' for a callable without a __name__)")
     ex = get(V.instance_of(name, "name", str, "str (the exercise's name)"))
-    cases = ex.get_cases()
-    passed, failure = _first_failure(student_fn, ex, cases)
-    total = len(cases)
-    if failure is None:
-        message = (f"✓ {ex.name}: " + ("the case matches" if total == 1 else f"all {total} cases match")
-                   + " the reference. Well done!")
-    else:
-        message = f"✗ {ex.name}: {passed} of {total} cases passed.\n   {failure}"
+    cases, expected, mistakes = _expectations(ex)
+    result = check_on(student_fn, ex, cases, expected, mistakes)
     if verbose:
-        print(message)
-    return CheckResult(ex.name, failure is None, message, passed, total)
-
-
-def _match_mistake(student_fn, ex: Exercise, cases: list[Case]) -> str | None:
-    """The cause of the first registered mistake whose outputs the student's match on every case."""
-    for known in ex.mistakes:
-        try:
-            if all(_differs(student_fn, known.fn, case, ex) is None for case in cases):
-                return known.cause
-        except Exception:
-            continue
-    return None
+        print(result.message)
+    return result
 
 
 def grade(namespace: dict, chapter: int | None = None, verbose: bool = False) -> list[CheckResult]:
@@ -473,15 +732,60 @@ def grade(namespace: dict, chapter: int | None = None, verbose: bool = False) ->
     return results
 
 
+def identical(a, b) -> bool:
+    """Whether two case inputs (nested tuples, lists and dicts of tensors, numbers and strings) are
+    the same: tensors of the same dtype, shape and values (NaN equal to NaN), everything else ``==``."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
+                and a.shape == b.shape and bool(torch.equal(a, b) or (a.is_floating_point() and torch.isclose(
+                    a, b, rtol=0.0, atol=0.0, equal_nan=True).all())))
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(identical(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(identical(a[k], b[k]) for k in a)
+    if isinstance(a, float) and isinstance(b, float) and a != a and b != b:     # NaN is NaN
+        return True
+    return type(a) is type(b) and a == b
+
+
+def stale(ex: Exercise) -> list[str]:
+    """How the stored expectations of a book exercise disagree with its live declaration (cheap:
+    names, case labels and inputs, mistakes' causes; [] when they agree). Instructor's install only."""
+    st = _stored(ex)
+    if st is None:
+        return [f"{ex.name}: no stored expectations"]
+    problems = []
+    cases = ex.get_cases()
+    if [c.label for c in cases] != [c.label for c in st.cases]:
+        problems.append(f"{ex.name}: the cases differ ({len(cases)} declared, {len(st.cases)} stored)")
+    elif not all(identical((c.args, c.kwargs), (s.args, s.kwargs)) for c, s in zip(cases, st.cases)):
+        problems.append(f"{ex.name}: the inputs of the cases differ from the stored ones")
+    causes = [m.cause for m in ex.mistakes]
+    if causes != [c for c, _ in st.mistakes]:
+        problems.append(f"{ex.name}: the registered mistakes differ ({len(causes)} declared, "
+                        f"{len(st.mistakes)} stored, or their causes changed)")
+    sig = str(inspect.signature(ex.reference))
+    if sig != st.signature:
+        problems.append(f"{ex.name}: the signature is {sig}, the stored one {st.signature}")
+    return problems
+
+
 def self_check(name: str) -> list[str]:
     """Problems with the exercise ``name`` itself (an empty list when it is sound).
 
-    For authors and the test suite: the reference passes its own checker; every registered
-    mistake differs from the reference on some case, fails the check, and is diagnosed with its
-    own cause. An unknown ``name`` raises :class:`UnknownExerciseError`.
+    For authors and the test suite (the instructor's install): the stored expectations agree
+    with the declaration (else: re-record them), the reference passes its own check, and every
+    registered mistake differs from the reference on some case, fails the check, and is diagnosed
+    with its own cause. An unknown ``name`` raises :class:`UnknownExerciseError`; in the student
+    bundle, which has no references, ``RuntimeError``.
     """
     ex = get(name)
+    if isinstance(ex, StoredExercise):
+        raise RuntimeError(f"self_check({name!r}) needs the reference and the mistakes' code, which stay with the "
+                           "instructor (rlkit.exercises.solutions is not installed here)")
     problems = []
+    if _stored(ex) is not None:
+        problems += [f"{p} (run {RECORD_COMMAND.format(chapter=ex.chapter)})" for p in stale(ex)]
     ref = check(ex.reference, name=name, verbose=False)
     if not ref:
         problems.append(f"{name}: the reference fails its own check: {ref.message}")

@@ -12,7 +12,8 @@ wrong variants whose outputs :func:`rlkit.exercises.check` recognises ("likely c
 * ``reinforce_loss(logits, actions, weights, mask)``: the surrogate loss whose gradient is minus the
   REINFORCE estimate, :math:`L = -\frac1N \sum_{i,t} m_{i,t}\, \mathrm{sg}[w_{i,t}] \log \pi(a_{i,t} \mid s_{i,t})`.
   Its checker compares the loss *and its gradient with respect to the logits* (``_loss_probe``), on
-  weights that depend on the logits, so that weights which are not detached are caught.
+  weights that depend on the logits, so that weights which are not detached are caught
+  (the probe is :func:`rlkit.exercises.probes.loss_probe`, on the student's side).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import torch
 
 from rlkit import _validate as V
 from rlkit.exercises import Case, exercise, mistake
+from rlkit.exercises.probes import loss_probe as _loss_probe  # the student side runs the probe too
 
 __all__: list[str] = []
 
@@ -198,25 +200,6 @@ def _logp(logits, actions, dim=-1):
 def _terms(logits, actions, weights, mask, dim=-1):
     r"""The summands :math:`m_{i,t}\, \mathrm{sg}[w_{i,t}] \log\pi(a_{i,t} \mid s_{i,t})` of the loss."""
     return mask.to(logits.dtype) * weights.detach() * _logp(logits, actions, dim)
-
-
-def _loss_probe(fn, logits, actions, weights, mask):
-    r"""Run a loss function on a case and return ``(loss, d loss / d logits)``.
-
-    The weights passed to ``fn`` have the case's values but depend on the logits, as advantages
-    from a critic that shares the policy's network would: ``w + c(z) - sg[c(z)]`` with
-    :math:`c(z) = \sum_a z_a \cos(a + 1)`. A loss that detaches its weights has the REINFORCE
-    gradient; one that does not also differentiates :math:`c`. A loss with no gradient at all
-    (everything detached) gets a gradient of NaN.
-    """
-    logits = logits.detach().clone().requires_grad_(True)
-    c = (logits * torch.cos(torch.arange(1, logits.shape[-1] + 1, dtype=logits.dtype))).sum(-1)
-    live = weights + c - c.detach()
-    loss = fn(logits, actions, live, mask)
-    if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
-        return loss, torch.full_like(logits, float("nan"))
-    (grad,) = torch.autograd.grad(loss, logits, allow_unused=True)
-    return loss.detach(), torch.zeros_like(logits) if grad is None else grad
 
 
 def _loss_cases():
