@@ -7,10 +7,10 @@ import math
 
 import torch
 
-from rlkit.exercises import check, exercises, get
+from rlkit.exercises import check, exercises, get, self_check
 from rlkit.risk import cvar, cvar_pg_weights, pinball_loss, soft_bradley_terry_loss
 
-CH17 = ["cvar_of_samples", "cvar_advantages", "pinball", "soft_bt_loss"]
+CH17 = ["cvar_of_samples", "entropic_advantages", "pinball", "soft_bt_loss"]
 
 
 def test_chapter_registers_four_exercises():
@@ -23,7 +23,6 @@ def test_references_against_the_library_and_hand_values():
     for alpha in (0.1, 0.25, 0.3, 0.5, 1.0):
         x = torch.randint(0, 4, (5, 9), generator=g).double() / 3        # many ties
         assert torch.allclose(ref["cvar_of_samples"](x, alpha), cvar(x, alpha), atol=1e-12)
-        assert torch.allclose(ref["cvar_advantages"](x, alpha), cvar_pg_weights(x, alpha), atol=1e-12)
     hand = ref["cvar_of_samples"](torch.tensor([[1.0, 2.0, 3.0, 4.0]], dtype=torch.float64), 0.5)
     assert torch.allclose(hand, torch.tensor([1.5], dtype=torch.float64))
     q, y = torch.randn(6, 4, generator=g, dtype=torch.float64), torch.randn(6, generator=g, dtype=torch.float64)
@@ -45,3 +44,52 @@ def test_each_mistake_is_diagnosed_with_its_cause():
             res = check(m.fn, name=name, verbose=False)
             assert not res and m.cause in res.message, (name, m.cause, res.message)
         assert check(ex.reference, name=name, verbose=False)
+
+
+def _entropic_loop(rewards, tau):
+    """tau (1 - e^(-R/tau) / Z) by a plain loop in Python floats, the row's minimum factored out."""
+    out = torch.zeros_like(rewards)
+    for b in range(rewards.shape[0]):
+        row = [float(r) for r in rewards[b]]
+        lo = min(row)
+        e = [math.exp(-(r - lo) / tau) for r in row]
+        z = sum(e) / len(e)
+        for i, ei in enumerate(e):
+            out[b, i] = tau * (1 - ei / z)
+    return out
+
+
+def test_entropic_advantages_against_a_loop_a_hand_case_and_the_limits():
+    ref = get("entropic_advantages").reference
+    g = torch.Generator().manual_seed(5)
+    for tau in (0.01, 0.3, 1.0, 7.0):
+        x = torch.randint(0, 4, (4, 9), generator=g).double() / 3 + 2.0 * torch.rand(4, 1, generator=g, dtype=torch.float64)
+        assert torch.allclose(ref(x, tau), _entropic_loop(x, tau), atol=1e-12)
+    hand = ref(torch.tensor([[0.0, 1.0]], dtype=torch.float64), 1.0)
+    a = (1 - math.exp(-1)) / (1 + math.exp(-1))
+    assert torch.allclose(hand, torch.tensor([[-a, a]], dtype=torch.float64), atol=1e-12)
+    x = torch.rand(3, 6, generator=g, dtype=torch.float64)
+    assert torch.allclose(ref(x, 1e4), x - x.mean(-1, keepdim=True), atol=1e-4)   # tau -> infinity: R - mean R
+    assert torch.allclose(ref(x, 0.5).mean(-1), torch.zeros(3, dtype=torch.float64), atol=1e-12)
+    tiny = ref(2.0 + x, 1e-3)                                                        # e^(-R/tau) underflows
+    assert torch.isfinite(tiny).all()
+    # the CVaR gradient is flat on a binary prompt that fails half the time (eq-ch17-cvar-binary); this is not
+    half = torch.tensor([[0.0, 0.0, 1.0, 1.0]], dtype=torch.float64)
+    assert torch.equal(cvar_pg_weights(half, 0.25), torch.zeros_like(half))
+    assert (ref(half, 1.0).abs() > 0.4).all()
+
+
+def test_the_displayed_cvar_gradient_no_longer_solves_the_exercise():
+    """The chapter shows rlkit.risk.cvar_pg_weights; the exercise used to be exactly that function."""
+    def entropic_advantages(rewards, tau):
+        return cvar_pg_weights(rewards, tau)
+    assert not check(entropic_advantages, verbose=False)
+
+    def entropic_advantages(rewards, tau):                    # noqa: F811  (the softmin of ensemble_aggregate)
+        from rlkit.risk import ensemble_aggregate
+        return rewards - ensemble_aggregate(rewards, "softmin", tau=tau, dim=-1)[..., None]
+    assert not check(entropic_advantages, verbose=False)
+
+
+def test_entropic_advantages_is_sound():
+    assert self_check("entropic_advantages") == []

@@ -3,8 +3,9 @@ r"""Checkers for the exercises of chapter 17, ``lessons/17_uncertainty_risk.ipyn
 * ``cvar_of_samples(rewards, alpha)``: the lower-tail CVaR of each row of samples ``[B, n] -> [B]``,
   :math:`\frac1\alpha\big(\frac1n\sum_{x_i<q} x_i + (\alpha - F(q^-))\,q\big)` with :math:`q` the lower
   :math:`\alpha`-quantile: exact when rewards tie (atoms).
-* ``cvar_advantages(rewards, alpha)``: the CVaR policy-gradient advantages of each row,
-  :math:`(R - q_\alpha)\,\mathbf 1[R\le q_\alpha]/\alpha` ``[B, n]``: only the tail gets gradient.
+* ``entropic_advantages(rewards, tau)``: the policy-gradient advantages of the entropic risk
+  :math:`-\tau\log\mathbb E\,e^{-R/\tau}` of each row, :math:`\tau(1 - e^{-R/\tau}/Z)` ``[B, n]`` with
+  :math:`Z` the row's mean of :math:`e^{-R/\tau}` (stable for small :math:`\tau`).
 * ``pinball(quantiles, targets, taus)``: the quantile-regression loss, mean over rows and levels,
   :math:`\ell_\tau(u) = u(\tau - \mathbf 1[u<0])` with :math:`u = y - q`.
 * ``soft_bt_loss(r_a, r_b, p_a)``: Bradley-Terry with soft labels,
@@ -88,53 +89,69 @@ def _cvar_ceil(rewards, alpha):
     return rewards.sort(-1).values[..., :k].mean(-1)
 
 
-# ------------------------------------------------------------------- 2. cvar_advantages
+# ------------------------------------------------------------------- 2. entropic_advantages
+# (was cvar_advantages: rlkit.risk.cvar_pg_weights, which the chapter shows, passed its check as a
+# one-line call; issue 23. The entropic risk is the smooth risk measure the chapter recommends where
+# the within-prompt CVaR has no gradient.)
 
-def _adv_cases():
-    g = torch.Generator().manual_seed(71)
+def _ent_cases():
+    g = torch.Generator().manual_seed(1717)
     cont = torch.rand(3, 8, generator=g, dtype=torch.float64)
     graded = torch.tensor([[1., 2 / 3, 1., 1 / 3, 1., 0., 1., 1.], [1., 1., 2 / 3, 1., 1., 1., 1., 0.]],
                           dtype=torch.float64)
+    binary = torch.tensor([[0., 0., 0., 0., 1., 1., 1., 1.], [1., 1., 1., 1., 1., 1., 1., 1.]], dtype=torch.float64)
+    high = 2.0 + torch.rand(2, 6, generator=g, dtype=torch.float64)
     return [
-        Case(args=(torch.tensor([[0.0, 0.5, 1.0, 1.0]], dtype=torch.float64), 0.5),
-             label="hand case: [0, 0.5, 1, 1], alpha 0.5: q = 0.5, advantages [-1, 0, 0, 0]"),
-        Case(args=(cont, 0.25), label="3 prompts x 8 answers with distinct rewards, alpha 0.25"),
-        Case(args=(graded, 0.25), label="2 prompts x 8 answers, graded rewards, alpha 0.25"),
+        Case(args=(torch.tensor([[0.0, 1.0]], dtype=torch.float64), 1.0),
+             label="hand case: [0, 1], tau 1 -> +-(1 - e^-1) / (1 + e^-1) = -+0.4621"),
+        Case(args=(cont, 0.5), label="3 prompts x 8 answers with distinct rewards, tau 0.5"),
+        Case(args=(graded, 0.2), label="2 prompts x 8 answers, graded rewards with atoms, tau 0.2"),
+        Case(args=(binary, 1.0), label="binary rewards: half right (CVaR_0.25 is flat there), and all right (all 0)"),
+        Case(args=(high, 0.002), label="rewards 2 to 3 at tau 0.002: e^(-R/tau) underflows, needs a log-sum-exp"),
+        Case(args=(cont, 1000.0), label="tau 1000: close to R - mean(R)"),
     ]
 
 
-@exercise(chapter=17, cases=_adv_cases, atol=1e-9,
-          description="CVaR policy-gradient advantages per prompt: (R - q_alpha) 1[R <= q_alpha] / alpha")
-def cvar_advantages(rewards, alpha):
-    """(R - q) * 1[R <= q] / alpha with q the lower alpha-quantile of each row (prompt); [B, n]."""
-    q = _var(rewards, alpha)[..., None]
-    return torch.where(rewards <= q, (rewards - q) / alpha, torch.zeros_like(rewards))
+@exercise(chapter=17, cases=_ent_cases, atol=1e-9,
+          description="entropic-risk policy-gradient advantages per prompt: tau (1 - e^(-R/tau) / Z)")
+def entropic_advantages(rewards, tau):
+    """tau * (1 - e^(-R/tau) / Z) with Z the mean of e^(-R/tau) over each row (prompt); [B, n]."""
+    n = rewards.shape[-1]
+    return tau * (1 - n * torch.softmax(-rewards / tau, dim=-1))
 
 
-@mistake(cvar_advantages, "you masked the LOW quantiles and kept the rest (the article's wording read literally): "
-         "the CVaR gradient is the other way round, only the tail R <= q_alpha gets gradient")
-def _adv_mask_low(rewards, alpha):
-    q = _var(rewards, alpha)[..., None]
-    return torch.where(rewards > q, rewards - rewards.mean(-1, keepdim=True), torch.zeros_like(rewards))
+@mistake(entropic_advantages, "the baseline is missing: -tau e^(-R/tau) / Z is the gradient's weight, and "
+         "subtracting the constant -tau (E[grad log pi] = 0) centres it: tau (1 - e^(-R/tau) / Z)")
+def _ent_no_baseline(rewards, tau):
+    n = rewards.shape[-1]
+    return -tau * n * torch.softmax(-rewards / tau, dim=-1)
 
 
-@mistake(cvar_advantages, "the baseline q_alpha is missing: the tail's advantage is (R - q_alpha) / alpha, not "
-         "R / alpha (without it the update is biased by the moving threshold)")
-def _adv_no_baseline(rewards, alpha):
-    q = _var(rewards, alpha)[..., None]
-    return torch.where(rewards <= q, rewards / alpha, torch.zeros_like(rewards))
+@mistake(entropic_advantages, "the normaliser Z = mean of e^(-R/tau) over the prompt's answers is missing: the "
+         "gradient of -tau log E[e^(-R/tau)] divides by it")
+def _ent_no_normaliser(rewards, tau):
+    return tau * (1 - torch.exp(-rewards / tau))
 
 
-@mistake(cvar_advantages, "you used ONE quantile over the whole batch; CVaR within a prompt needs each prompt's "
-         "own q_alpha (each row)")
-def _adv_batch_quantile(rewards, alpha):
-    q = _var(rewards.reshape(1, -1), alpha)
-    return torch.where(rewards <= q, (rewards - q) / alpha, torch.zeros_like(rewards))
+@mistake(entropic_advantages, "you tilted towards the BEST answers (e^(+R/tau)): that is the risk-seeking soft "
+         "maximum; the entropic risk of a reward weights the worst answers by e^(-R/tau)")
+def _ent_risk_seeking(rewards, tau):
+    n = rewards.shape[-1]
+    return tau * (n * torch.softmax(rewards / tau, dim=-1) - 1)
 
 
-@mistake(cvar_advantages, "the factor 1/alpha is missing (the tail has probability alpha, so its density is 1/alpha)")
-def _adv_no_alpha(rewards, alpha):
-    return alpha * cvar_advantages(rewards, alpha)
+@mistake(entropic_advantages, "you used ONE normaliser Z over the whole batch; each prompt (row) needs its own "
+         "mean of e^(-R/tau)")
+def _ent_batch_normaliser(rewards, tau):
+    w = rewards.numel() * torch.softmax(-rewards.reshape(-1) / tau, dim=0)
+    return tau * (1 - w.reshape(rewards.shape))
+
+
+@mistake(entropic_advantages, "the factor tau is missing: the gradient of -tau log E[e^(-R/tau)] keeps the tau in "
+         "front (without it the advantages do not tend to R - mean(R) as tau grows)")
+def _ent_no_tau(rewards, tau):
+    n = rewards.shape[-1]
+    return 1 - n * torch.softmax(-rewards / tau, dim=-1)
 
 
 # ------------------------------------------------------------------- 3. pinball
