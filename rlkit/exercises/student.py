@@ -581,6 +581,9 @@ def student_book_config(root=None, out="_build/student") -> dict:
     config["exclude_patterns"] = [*config.get("exclude_patterns", []), "book/instructor/**",
                                   "rlkit/exercises/solutions/**"]
     sphinx = config.setdefault("sphinx", {})
+    # jupyter-book reads local extensions relative to the config file, which moves to OUT
+    sphinx["local_extensions"] = {name: str((root / path).resolve())
+                                  for name, path in (sphinx.get("local_extensions") or {}).items()}
     sphinx.setdefault("config", {})["hide_solutions"] = True
     dropped: list[str] = []
     toc = _student_toc(toc, root, dropped)
@@ -681,6 +684,7 @@ def build_student_book(root=None, out="_build/student", *, strict: bool = False,
         with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
             rc = build_sphinx(root, html, use_external_toc=True, noconfig=True, path_config=str(files["config"]),
                               confoverrides={"external_toc_path": files["toc"].as_posix(),
+                                             "latex_individualpages": False,
                                              **({"nitpicky": True} if strict else {})},
                               builder="html", warningiserror=strict, keep_going=strict, quiet=quiet)
     finally:
