@@ -1,12 +1,13 @@
 r"""Checkers for the exercises of chapter 15, ``lessons/15_turns_as_steps.ipynb``.
 
-* ``turn_return(turn_rewards, turn_mask, gamma)``: per-turn discounted returns
-  :math:`G_k = \sum_{j=k}^{N-1}\gamma^{j-k} r_j` over the turns taken, 0 elsewhere; ``[B, K]`` -> ``[B, K]``.
+* ``turn_nstep_return(turn_rewards, turn_values, turn_mask, gamma, n)``: per-turn n-step returns with a
+  turn-level critic, :math:`G^{(n)}_u = \sum_{j=u}^{\min(u+n,N)-1}\gamma^{j-u} r_j + \gamma^n V(s_{u+n})\,[u+n<N]`,
+  0 at turns not taken; ``[B, K]`` -> ``[B, K]`` (the chapter displays the Monte-Carlo ``turn_returns``).
 * ``model_token_mask(ids, prompt_len, feedback_len, eos_id)``: which tokens of a RIGHT-padded
   conversation are the model's (its answers and their ``<eos>``), as a float 0/1 ``[B, L]``.
-* ``turn_advantage(returns, turn_mask, group_size)``: the leave-one-out baseline per turn index,
-  :math:`\hat A_{i,k} = G_{i,k} - \mathrm{mean}_{j \in S_k,\, j \ne i} G_{j,k}` (0 when alone), 0 at
-  turns not taken.
+* ``turn_grpo_advantage(returns, turn_mask, group_size, eps)``: GRPO's group-normalised advantage per
+  turn index, :math:`(G_{i,k} - \mathrm{mean}_{S_k} G)/(\mathrm{std}_{S_k} G + \zeta)` (sample std; 0 when
+  :math:`|S_k| < 2`), 0 at turns not taken (the chapter displays the leave-one-out ``turn_advantages``).
 * ``retry_value(q, gamma, K)``: the expected turn-1 return after a wrong first answer when each
   later attempt is right with probability :math:`q`, independently:
   :math:`\sum_{j=1}^{K-1} \gamma^{j} (1-q)^{j-1} q`.
@@ -21,68 +22,81 @@ from rlkit.exercises import Case, exercise, mistake
 __all__: list[str] = []
 
 
-# ------------------------------------------------------------------- 1. turn_return
+# ------------------------------------------------------------ 1. turn_nstep_return
 
 def _tr_cases():
     g = torch.Generator().manual_seed(15)
     r = torch.rand(6, 4, generator=g, dtype=torch.float64)
+    v = torch.rand(6, 4, generator=g, dtype=torch.float64)
     n = torch.tensor([4, 3, 1, 2, 4, 3])
     m = (torch.arange(4)[None] < n[:, None]).double()
     r = torch.where(m > 0, r, torch.full_like(r, 0.7))          # rewards of turns not taken are junk
+    v = torch.where(m > 0, v, torch.full_like(v, 0.9))          # and so are their values
     return [
-        Case(args=(torch.tensor([[0.0, 0.0, 1.0]]), torch.ones(1, 3), 0.5),
-             label="wrong, wrong, right with gamma = 0.5: returns 0.25, 0.5, 1"),
-        Case(args=(torch.tensor([[1.0, 0.3, 0.3]]), torch.tensor([[1.0, 0.0, 0.0]]), 0.9),
-             label="solved at turn 1: the later columns are padding"),
-        Case(args=(r, m, 0.8), label="6 conversations of 1 to 4 turns, junk 0.7 after the end"),
-        Case(args=(r, m, 0.0), label="gamma = 0: each turn keeps its own reward"),
+        Case(args=(torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[0.2, 0.4, 0.8]]), torch.ones(1, 3), 0.5, 1),
+             label="wrong, wrong, right; V = (0.2, 0.4, 0.8), gamma = 0.5, n = 1: 0.2, 0.4, 1"),
+        Case(args=(torch.tensor([[1.0, 0.3, 0.3]]), torch.tensor([[0.5, 0.9, 0.9]]), torch.tensor([[1.0, 0.0, 0.0]]),
+                   0.9, 2), label="solved at turn 1: the later columns (rewards and values) are padding"),
+        Case(args=(r, v, m, 0.8, 2), label="6 conversations of 1 to 4 turns, n = 2, junk after the end"),
+        Case(args=(r, v, m, 0.8, 1), label="n = 1: the one-step TD target of every turn"),
+        Case(args=(r, v, m, 0.6, 4), label="n = 4 covers every conversation: the Monte-Carlo return"),
+        Case(args=(r, v, m, 0.0, 2), label="gamma = 0: each turn keeps its own reward"),
     ]
 
 
-@exercise(chapter=15, cases=_tr_cases, atol=1e-9, description="per-turn discounted returns of conversations")
-def turn_return(turn_rewards, turn_mask, gamma):
-    """G_k = r_k + gamma * G_{k+1} over the turns taken (turn_mask 1), 0 elsewhere; [B, K] -> [B, K]."""
-    V.layout("B K", floating=True, turn_rewards=turn_rewards)
-    m = V.check_mask(turn_mask, turn_rewards, "turn_rewards", "turn_mask").to(turn_rewards.dtype)
-    gamma = V.real_in(gamma, "gamma", 0.0, 1.0)
-    r = torch.where(m > 0, turn_rewards, torch.zeros((), dtype=turn_rewards.dtype))
-    out = torch.zeros_like(r)
-    G = torch.zeros(r.shape[0], dtype=r.dtype)
-    for k in reversed(range(r.shape[1])):
-        G = (r[:, k] + gamma * G) * m[:, k]
-        out[:, k] = G
+def _nstep(turn_rewards, turn_values, turn_mask, gamma, n, *, past_end=False, boot_shift=0, boot_power=0):
+    m = turn_mask.to(turn_rewards.dtype)
+    B, K = turn_rewards.shape
+    N = m.sum(1).long()
+    out = torch.zeros_like(turn_rewards)
+    for i in range(B):
+        for u in range(int(N[i])):
+            end = min(u + n, int(N[i]))
+            out[i, u] = sum(gamma ** (j - u) * turn_rewards[i, j] for j in range(u, end))
+            b = u + n - boot_shift
+            if (u + n < int(N[i]) or (past_end and u + n < K)) and b < K:
+                out[i, u] = out[i, u] + gamma ** (n - boot_power) * turn_values[i, b]
     return out
 
 
-@mistake(turn_return, "you discounted from the start of the conversation (gamma^j); the return of "
-         "turn k discounts from turn k itself (gamma^(j - k))")
-def _tr_from_start(turn_rewards, turn_mask, gamma):
-    m = turn_mask.to(turn_rewards.dtype)
-    K = turn_rewards.shape[1]
-    w = gamma ** torch.arange(K, dtype=turn_rewards.dtype)
-    disc = turn_rewards * m * w
-    return disc.flip(-1).cumsum(-1).flip(-1) * m
+@exercise(chapter=15, cases=_tr_cases, atol=1e-9, description="per-turn n-step returns with a turn-level critic")
+def turn_nstep_return(turn_rewards, turn_values, turn_mask, gamma, n):
+    """G^(n)_u = sum_{j=u}^{min(u+n, N)-1} gamma^(j-u) r_j + gamma^n V(s_{u+n}) [u + n < N], 0 at turns not taken."""
+    V.layout("B K", floating=True, turn_rewards=turn_rewards, turn_values=turn_values)
+    V.check_mask(turn_mask, turn_rewards, "turn_rewards", "turn_mask")
+    gamma = V.real_in(gamma, "gamma", 0.0, 1.0)
+    n = V.int_in(n, "n", 1)
+    return _nstep(turn_rewards, turn_values, turn_mask, gamma, n)
 
 
-@mistake(turn_return, "rewards after the conversation ended were counted: mask the turns not taken "
-         "before summing")
-def _tr_no_mask(turn_rewards, turn_mask, gamma):
-    out = torch.zeros_like(turn_rewards)
-    G = torch.zeros(turn_rewards.shape[0], dtype=turn_rewards.dtype)
-    for k in reversed(range(turn_rewards.shape[1])):
-        G = turn_rewards[:, k] + gamma * G
-        out[:, k] = G
-    return out * turn_mask
+@mistake(turn_nstep_return, "your returns never bootstrap: that is the Monte-Carlo turn return (what "
+         "rlkit.llm.turn_returns computes); an n-step return stops after n turns and adds gamma^n V(s_{u+n})")
+def _tr_monte_carlo(turn_rewards, turn_values, turn_mask, gamma, n):
+    return _nstep(turn_rewards, turn_values, turn_mask, gamma, turn_rewards.shape[1] + 1)
 
 
-@mistake(turn_return, "gamma was ignored: that is the gamma = 1 return")
-def _tr_undiscounted(turn_rewards, turn_mask, gamma):
-    return turn_return(turn_rewards, turn_mask, 1.0)
+@mistake(turn_nstep_return, "a window that runs past the last turn taken bootstrapped from the value of a turn "
+         "that was not taken; after the conversation ends there is nothing left to earn, so no bootstrap")
+def _tr_past_end(*a):
+    return _nstep(*a, past_end=True)
 
 
-@mistake(turn_return, "the turn's own reward was discounted too (gamma^(j - k + 1)); r_k enters G_k undiscounted")
-def _tr_discount_own(turn_rewards, turn_mask, gamma):
-    return gamma * turn_return(turn_rewards, turn_mask, gamma)
+@mistake(turn_nstep_return, "off by one: you bootstrapped from V(s_{u+n-1}); after the n rewards r_u .. "
+         "r_{u+n-1} the conversation is in state s_{u+n}")
+def _tr_boot_shift(*a):
+    return _nstep(*a, boot_shift=1)
+
+
+@mistake(turn_nstep_return, "the bootstrap is n turns ahead: weight V(s_{u+n}) by gamma^n, not gamma^(n-1)")
+def _tr_boot_power(*a):
+    return _nstep(*a, boot_power=1)
+
+
+@mistake(turn_nstep_return, "rewards after the conversation ended were counted: the window stops at the last "
+         "turn taken")
+def _tr_no_mask(turn_rewards, turn_values, turn_mask, gamma, n):
+    full = torch.ones_like(turn_rewards)
+    return _nstep(turn_rewards, turn_values, full, gamma, n) * turn_mask.to(turn_rewards.dtype)
 
 
 # ------------------------------------------------------------------- 2. model_token_mask
@@ -178,27 +192,29 @@ def _mtm_padding(ids, prompt_len, feedback_len, eos_id):
     return torch.where(ids == 0, torch.ones_like(out), out)
 
 
-# ------------------------------------------------------------------- 3. turn_advantage
+# ------------------------------------------------------------ 3. turn_grpo_advantage
 
 def _ta_cases():
     g = torch.Generator().manual_seed(5)
     G = torch.rand(12, 3, generator=g, dtype=torch.float64)
     n = torch.tensor([3, 1, 2, 3, 1, 1, 2, 2, 3, 1, 3, 2])
     m = (torch.arange(3)[None] < n[:, None]).double()
+    tie = torch.tensor([[1.0, 0.5], [1.0, 0.0], [1.0, 0.0], [0.0, 0.0]], dtype=torch.float64)
+    tie_m = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 0.0], [1.0, 0.0]], dtype=torch.float64)
     return [
-        Case(args=(torch.tensor([[1.0, 0.0], [0.5, 1.0], [0.25, 0.5], [1.0, 0.0]]),
-                   torch.tensor([[1.0, 0.0], [1.0, 1.0], [1.0, 1.0], [1.0, 0.0]]), 4),
+        Case(args=(torch.tensor([[1.0, 0.0], [0.5, 1.0], [0.25, 0.5], [1.0, 0.0]], dtype=torch.float64),
+                   torch.tensor([[1.0, 0.0], [1.0, 1.0], [1.0, 1.0], [1.0, 0.0]], dtype=torch.float64), 4, 1e-6),
              label="one group of 4; two conversations reached turn 2"),
-        Case(args=(G * m, m, 4), label="3 groups of 4, 1 to 3 turns each"),
-        Case(args=(G * m, m, 6), label="2 groups of 6"),
+        Case(args=(G * m, m, 4, 1e-6), label="3 groups of 4, 1 to 3 turns each"),
+        Case(args=(G * m, m, 6, 0.1), label="2 groups of 6, zeta = 0.1"),
+        Case(args=(tie, tie_m, 4, 1e-6),
+             label="turn 2 taken by one conversation only (advantage 0); three equal returns at turn 1"),
     ]
 
 
-@exercise(chapter=15, cases=_ta_cases, atol=1e-9, description="turn-level advantage with a leave-one-out baseline")
-def turn_advantage(returns, turn_mask, group_size):
-    """G_ik minus the mean G_jk of the OTHER conversations j of i's group that took turn k (0 if none); [B, K]."""
-    V.layout("B K", floating=True, returns=returns)
-    m = V.check_mask(turn_mask, returns, "returns", "turn_mask").to(returns.dtype)
+def _grpo_turn(returns, turn_mask, group_size, eps, *, pool=False, zeros=False, loo=False, unbiased=True,
+               scale=True):
+    m = turn_mask.to(returns.dtype)
     B, K = returns.shape
     out = torch.zeros_like(returns)
     for i in range(B):
@@ -206,40 +222,61 @@ def turn_advantage(returns, turn_mask, group_size):
         for k in range(K):
             if m[i, k] == 0:
                 continue
-            others = [returns[j, k] for j in range(g0, g0 + group_size) if j != i and m[j, k] > 0]
-            out[i, k] = returns[i, k] - (sum(others) / len(others) if others else 0.0)
+            cols = range(K) if pool else [k]
+            S = [returns[j, c] * m[j, c] for j in range(g0, g0 + group_size) for c in cols
+                 if zeros or m[j, c] > 0]
+            if loo:
+                S = [returns[j, k] for j in range(g0, g0 + group_size) if j != i and m[j, k] > 0]
+            x = torch.stack(S) if S else returns.new_zeros(0)
+            if len(S) <= 1 and not loo:
+                continue
+            mean = x.mean() if len(S) else returns.new_zeros(())
+            a = returns[i, k] - mean
+            if scale and not loo:
+                std = x.std(unbiased=unbiased)
+                a = a / (std + eps)
+            out[i, k] = a
     return out
 
 
-@mistake(turn_advantage, "the baseline pooled every turn of the group; a turn-k action is compared only "
+@exercise(chapter=15, cases=_ta_cases, atol=1e-9, description="GRPO's group-normalised advantage, per turn index")
+def turn_grpo_advantage(returns, turn_mask, group_size, eps):
+    """(G_ik - mean of S_k) / (std of S_k + eps), S_k = the returns of i's group at turn k (0 if fewer than 2)."""
+    V.layout("B K", floating=True, returns=returns)
+    V.check_mask(turn_mask, returns, "returns", "turn_mask")
+    eps = V.real_in(eps, "eps", 0.0, lo_open=True)
+    return _grpo_turn(returns, turn_mask, group_size, eps)
+
+
+@mistake(turn_grpo_advantage, "that is the chapter's leave-one-out advantage (rlkit.llm.turn_advantages): GRPO's "
+         "baseline is the mean over ALL the group's returns at that turn, the conversation's own included, and it "
+         "divides by their standard deviation")
+def _ta_loo(returns, turn_mask, group_size, eps):
+    return _grpo_turn(returns, turn_mask, group_size, eps, loo=True)
+
+
+@mistake(turn_grpo_advantage, "the statistics pooled every turn of the group; a turn-k return is compared only "
          "with other turn-k returns (the states differ)")
-def _ta_pooled(returns, turn_mask, group_size):
-    m = turn_mask.to(returns.dtype)
-    B, K = returns.shape
-    g, mg = returns.view(-1, group_size, K), m.view(-1, group_size, K)
-    tot, cnt = (g * mg).sum((1, 2), keepdim=True), mg.sum((1, 2), keepdim=True)
-    b = (tot - g) / (cnt - 1).clamp_min(1)
-    return ((g - b) * mg).view(B, K)
+def _ta_pooled(returns, turn_mask, group_size, eps):
+    return _grpo_turn(returns, turn_mask, group_size, eps, pool=True)
 
 
-@mistake(turn_advantage, "conversations that stopped before turn k were counted with return 0; a turn "
+@mistake(turn_grpo_advantage, "conversations that stopped before turn k were counted with return 0; a turn "
          "that was not taken is missing, not a zero")
-def _ta_zeros(returns, turn_mask, group_size):
-    m = turn_mask.to(returns.dtype)
-    B, K = returns.shape
-    g = (returns * m).view(-1, group_size, K)
-    b = (g.sum(1, keepdim=True) - g) / (group_size - 1)
-    return ((g - b) * m.view(-1, group_size, K)).view(B, K)
+def _ta_zeros(returns, turn_mask, group_size, eps):
+    return _grpo_turn(returns, turn_mask, group_size, eps, zeros=True)
 
 
-@mistake(turn_advantage, "the conversation's own return was included in its baseline (the 'mean' "
-         "baseline); leave it out")
-def _ta_with_self(returns, turn_mask, group_size):
-    m = turn_mask.to(returns.dtype)
-    B, K = returns.shape
-    g, mg = (returns * m).view(-1, group_size, K), m.view(-1, group_size, K)
-    b = g.sum(1, keepdim=True) / mg.sum(1, keepdim=True).clamp_min(1)
-    return ((g - b) * mg).view(B, K)
+@mistake(turn_grpo_advantage, "the advantage is not divided by the standard deviation: that is Dr. GRPO's "
+         "centred return, not GRPO's")
+def _ta_unscaled(returns, turn_mask, group_size, eps):
+    return _grpo_turn(returns, turn_mask, group_size, eps, scale=False)
+
+
+@mistake(turn_grpo_advantage, "the standard deviation is the sample one (divide by |S_k| - 1), as in "
+         "rlkit.objectives.grpo_advantages and torch.std; you divided by |S_k|")
+def _ta_population(returns, turn_mask, group_size, eps):
+    return _grpo_turn(returns, turn_mask, group_size, eps, unbiased=False)
 
 
 # ------------------------------------------------------------------- 4. retry_value
