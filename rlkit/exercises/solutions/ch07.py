@@ -2,11 +2,14 @@ r"""Checkers for the exercises of chapter 7, ``lessons/07_tiny_llm.ipynb``.
 
 * ``response_logprob(logits, response_ids, mask)``: the log-probability of each response,
   :math:`\log\pi(y\mid x) = \sum_t m_t \log\mathrm{softmax}(z_t)_{y_t}`, ``[B, T, V]`` -> ``[B]``.
-* ``top_p_logprobs(logits, p)``: the log-probabilities of nucleus sampling: keep the most likely
-  tokens while the mass *before* a token is below ``p`` (the top token is always kept),
-  renormalise over them, ``-inf`` elsewhere.
-* ``group_advantages(rewards, group_size)``: GRPO's group-normalised advantages,
-  :math:`(r_i - \bar r_g)/(\mathrm{std}_g + \zeta)`, :math:`\zeta = 10^{-6}`, with the sample standard deviation.
+* ``min_p_logprobs(logits, min_p)``: the log-probabilities of min-p sampling: keep the tokens whose
+  probability is at least ``min_p`` times the largest one, renormalise over them, ``-inf`` elsewhere.
+  (The chapter displays ``rlkit.llm.sampling_logprobs``, which does top-k and top-p; this is the rule
+  it does not have.)
+* ``group_advantages_by_prompt(rewards, prompt_ids)``: GRPO's group-normalised advantages,
+  :math:`(r_i - \bar r_g)/(\mathrm{std}_g + \zeta)`, :math:`\zeta = 10^{-6}`, with the sample standard
+  deviation, for groups given by prompt ids: in any order and of any size (a group of one gets 0).
+  (The chapter displays ``rlkit.llm.sequence_advantages``, which needs consecutive groups of one size.)
 * ``sequence_ratio(logp_new, logp_old, mask)``: GSPO's length-normalised sequence ratio,
   :math:`s_i = \exp\big(\frac{1}{|y_i|}\sum_t m_{i,t}(\log\pi_\theta - \log\pi_{\text{old}})\big)`.
 """
@@ -79,103 +82,152 @@ def _rlp_hf_shift(logits, response_ids, mask):
     return torch.where(mask[:, 1:].bool(), logp, torch.zeros((), dtype=logp.dtype)).sum(-1)
 
 
-# ------------------------------------------------------------------- 2. top_p_logprobs
+# ------------------------------------------------------------------- 2. min_p_logprobs
 
-def _nucleus(logp, keep_sorted):
-    """Renormalised log-probabilities of the tokens kept (``keep_sorted`` in descending order of
-    probability; the top token always kept), ``-inf`` elsewhere."""
-    order = logp.sort(dim=-1, descending=True).indices
+def _min_p_keep(logp, min_p):
+    """The kept tokens of min-p: log pi(v) >= log pi_max + log(min_p) (all of them when min_p = 0)."""
+    top = logp.max(dim=-1, keepdim=True).values
+    if min_p == 0.0:
+        return torch.ones_like(logp, dtype=torch.bool)
+    return logp >= top + torch.log(torch.as_tensor(min_p, dtype=logp.dtype))
+
+
+def _minp_cases():
+    g = torch.Generator().manual_seed(11)
+    banned = torch.randn(3, 8, generator=g) * 2
+    banned[:, 5] = float("-inf")                                  # a token the model may never emit
+    return [
+        Case(args=(torch.log(torch.tensor([0.05, 0.5, 0.15, 0.3])), 0.5),
+             label="p = [0.05, 0.5, 0.15, 0.3], min_p = 0.5 keeps 0.5 and 0.3 (threshold 0.25)"),
+        Case(args=(torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05])), 0.2),
+             label="min_p = 0.2: threshold 0.1 keeps three"),
+        Case(args=(torch.tensor([3.0, 0.0, -1.0, -4.0]), 0.0), label="min_p = 0 keeps every token"),
+        Case(args=(torch.tensor([2.0, 2.0, 1.0]), 1.0), label="min_p = 1 keeps the two tied top tokens"),
+        Case(args=(torch.randn(4, 10, generator=g) * 2, 0.1), label="a batch of 4 rows, min_p = 0.1"),
+        Case(args=(banned, 0.05), label="a token at -inf stays at -inf"),
+        Case(args=(torch.randn(2, 6, generator=g, dtype=torch.float64) * 60, 0.3),
+             label="large logits (float64): probabilities far below float range"),
+    ]
+
+
+@exercise(chapter=7, cases=_minp_cases, atol=1e-5, description="min-p sampling distribution")
+def min_p_logprobs(logits, min_p):
+    """Min-p sampling distribution, log space; logits [..., V] -> [..., V] with -inf outside."""
+    V.has_categories(logits, "logits")
+    min_p = V.real_in(min_p, "min_p", 0.0, 1.0)
+    logp = torch.log_softmax(logits, dim=-1)
+    return torch.log_softmax(logp.masked_fill(~_min_p_keep(logp, min_p), float("-inf")), dim=-1)
+
+
+@mistake(min_p_logprobs, "you compared with min_p itself: the threshold is RELATIVE, min_p times the "
+         "probability of the most likely token")
+def _minp_absolute(logits, min_p):
+    logp = torch.log_softmax(logits, dim=-1)
+    keep = logp.exp() >= min_p
+    keep = keep | (logp == logp.max(-1, keepdim=True).values)      # (the top token is kept either way)
+    return torch.log_softmax(logp.masked_fill(~keep, float("-inf")), dim=-1)
+
+
+@mistake(min_p_logprobs, "you compared logits (z_v >= min_p * z_max); min-p compares probabilities, "
+         "pi(v) >= min_p * max pi, that is log pi(v) >= log pi_max + log(min_p)")
+def _minp_on_logits(logits, min_p):
+    logp = torch.log_softmax(logits, dim=-1)
+    keep = logits >= min_p * logits.max(-1, keepdim=True).values
+    return torch.log_softmax(logp.masked_fill(~keep, float("-inf")), dim=-1)
+
+
+@mistake(min_p_logprobs, "the kept tokens were not renormalised (their probabilities must sum to 1)")
+def _minp_not_renormalised(logits, min_p):
+    logp = torch.log_softmax(logits, dim=-1)
+    return logp.masked_fill(~_min_p_keep(logp, float(min_p)), float("-inf"))
+
+
+@mistake(min_p_logprobs, "you kept min_p of the MASS (a top-p rule with p = min_p); min-p keeps every token "
+         "whose probability is at least min_p times the largest")
+def _minp_as_top_p(logits, min_p):
+    logp = torch.log_softmax(logits, dim=-1)
+    if min_p == 0.0:
+        return logp
+    sorted_logp, order = logp.sort(dim=-1, descending=True)
+    probs = sorted_logp.exp()
+    keep_sorted = (probs.cumsum(-1) - probs) < min_p
     keep_sorted[..., 0] = True
     keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
     return torch.log_softmax(logp.masked_fill(~keep, float("-inf")), dim=-1)
 
 
-def _topp_cases():
-    g = torch.Generator().manual_seed(11)
-    return [
-        Case(args=(torch.log(torch.tensor([0.05, 0.5, 0.15, 0.3])), 0.7),
-             label="p = [0.05, 0.5, 0.15, 0.3], top_p = 0.7 keeps 0.5 and 0.3"),
-        Case(args=(torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05])), 0.85), label="top_p = 0.85 keeps three"),
-        Case(args=(torch.tensor([3.0, 0.0, -1.0]), 0.2), label="the top token is always kept"),
-        Case(args=(torch.randn(4, 10, generator=g) * 2, 0.9), label="a batch of 4 rows"),
-    ]
+# ------------------------------------------------------------------- 3. group_advantages_by_prompt
+
+def _group_stats(rewards, prompt_ids, unbiased=True):
+    """Per response: the deviation from its group's mean and its group's standard deviation."""
+    _, inv = torch.unique(prompt_ids, return_inverse=True)
+    n_groups = int(inv.max()) + 1
+    zeros = torch.zeros(n_groups, dtype=rewards.dtype)
+    count = zeros.index_add(0, inv, torch.ones_like(rewards))
+    mean = zeros.index_add(0, inv, rewards) / count
+    dev = rewards - mean[inv]
+    var = zeros.index_add(0, inv, dev * dev) / ((count - 1).clamp_min(1) if unbiased else count)
+    return dev, var.sqrt()[inv], count[inv]
 
 
-@exercise(chapter=7, cases=_topp_cases, atol=1e-5, description="nucleus (top-p) sampling distribution")
-def top_p_logprobs(logits, p):
-    """Nucleus sampling distribution, log space; logits [..., V] -> [..., V] with -inf outside."""
-    V.has_categories(logits, "logits")
-    p = V.real_in(p, "p", 0.0, 1.0, lo_open=True)
-    logp = torch.log_softmax(logits, dim=-1)
-    probs = logp.sort(dim=-1, descending=True).values.exp()
-    before = probs.cumsum(-1) - probs                       # the mass of the tokens before each one
-    return _nucleus(logp, before < p)
-
-
-@mistake(top_p_logprobs, "you stop when the mass INCLUDING the token reaches p; keep a token "
-         "while the mass of the tokens before it is below p")
-def _topp_including(logits, p):           # keeps while the cumulative mass INCLUDING the token is < p
-    logp = torch.log_softmax(logits, dim=-1)
-    return _nucleus(logp, logp.sort(dim=-1, descending=True).values.exp().cumsum(-1) < p)
-
-
-@mistake(top_p_logprobs, "the kept tokens were not renormalised (their probabilities must sum to 1)")
-def _topp_not_renormalised(logits, p):
-    logp = torch.log_softmax(logits, dim=-1)
-    return logp.masked_fill(top_p_logprobs(logits, p) == float("-inf"), float("-inf"))
-
-
-@mistake(top_p_logprobs, "the cumulative sum must run over tokens sorted by probability, "
-         "not in vocabulary order")
-def _topp_unsorted(logits, p):            # cumulative sum in vocabulary order
-    logp = torch.log_softmax(logits, dim=-1)
-    probs = logp.exp()
-    keep = (probs.cumsum(-1) - probs) < p
-    return torch.log_softmax(logp.masked_fill(~keep, float("-inf")), dim=-1)
-
-
-# ------------------------------------------------------------------- 3. group_advantages
-
-def _ga_cases():
+def _gbp_cases():
     g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 5, (30,), generator=g) * 7 + 2          # ids 2, 9, ..., 30 in random order
     return [
-        Case(args=(torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0]), 4), label="two groups of 4"),
-        Case(args=(torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0]), 3),
-             label="an all-correct group and an all-wrong group: advantages 0, not NaN"),
-        Case(args=(torch.rand(24, generator=g), 8), label="3 groups of 8, continuous rewards"),
+        Case(args=(torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0]), torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])),
+             label="two consecutive groups of 4"),
+        Case(args=(torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0]), torch.tensor([5, 3, 5, 3, 5, 3])),
+             label="two interleaved groups of 3 (ids 5 and 3)"),
+        Case(args=(torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0]),
+                   torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2])),
+             label="groups of sizes 3, 2, 4; the first all correct: advantages 0, not NaN"),
+        Case(args=(torch.tensor([0.7, 1.0, 0.0, 0.3]), torch.tensor([4, 1, 1, 9])),
+             label="two groups of ONE response (ids 4 and 9): advantage 0"),
+        Case(args=(torch.rand(30, generator=g, dtype=torch.float64), ids),
+             label="30 continuous rewards (float64), 5 prompts in random order and of random sizes"),
     ]
 
 
-@exercise(chapter=7, cases=_ga_cases, atol=1e-5, description="GRPO's group-normalised advantages")
-def group_advantages(rewards, group_size):
-    """(r - group mean) / (group sample std + zeta), zeta = 1e-6; rewards [N], consecutive groups -> [N]."""
+@exercise(chapter=7, cases=_gbp_cases, atol=1e-5,
+          description="GRPO's group-normalised advantages for groups given by prompt ids")
+def group_advantages_by_prompt(rewards, prompt_ids):
+    """(r - group mean) / (group sample std + zeta), zeta = 1e-6; groups by prompt id, any order, any size;
+    a group of one response gets 0. rewards [N] float, prompt_ids [N] int64 -> [N]."""
     V.layout("N", floating=True, rewards=rewards)
-    group_size = V.int_in(group_size, "group_size", 2, max(2, rewards.numel()))
-    g = rewards.reshape(-1, group_size)
-    return ((g - g.mean(-1, keepdim=True)) / (g.std(-1, keepdim=True) + 1e-6)).reshape(rewards.shape)
+    V.index_tensor(prompt_ids, "prompt_ids", shape=rewards.shape, shape_of="[N]")
+    dev, std, _ = _group_stats(rewards, prompt_ids)
+    return dev / (std + 1e-6)
 
 
-@mistake(group_advantages, "use the sample standard deviation (divide by m - 1 for a group of m, torch's default)")
-def _ga_population_std(rewards, group_size):
-    g = rewards.reshape(-1, group_size)
-    return ((g - g.mean(-1, keepdim=True)) / (g.std(-1, keepdim=True, unbiased=False) + 1e-6)).reshape(-1)
+@mistake(group_advantages_by_prompt, "use the sample standard deviation (divide by m - 1 for a group of m, "
+         "torch's default)")
+def _gbp_population_std(rewards, prompt_ids):
+    dev, std, _ = _group_stats(rewards, prompt_ids, unbiased=False)
+    return dev / (std + 1e-6)
 
 
-@mistake(group_advantages, "you normalised over the whole batch; GRPO normalises within each prompt's group")
-def _ga_batch(rewards, group_size):
-    return group_advantages(rewards, rewards.numel())
+@mistake(group_advantages_by_prompt, "you normalised over the whole batch; GRPO normalises within each "
+         "prompt's group (the responses that share a prompt id)")
+def _gbp_batch(rewards, prompt_ids):
+    return (rewards - rewards.mean()) / (rewards.std() + 1e-6)
 
 
-@mistake(group_advantages, "you did not divide by the group's standard deviation (that is Dr. GRPO)")
-def _ga_no_std(rewards, group_size):
-    g = rewards.reshape(-1, group_size)
-    return (g - g.mean(-1, keepdim=True)).reshape(-1)
+@mistake(group_advantages_by_prompt, "you started a new group wherever the id changes between neighbours: "
+         "the responses of one prompt need not be consecutive; group by the id's value")
+def _gbp_runs(rewards, prompt_ids):
+    starts = torch.ones_like(prompt_ids, dtype=torch.bool)
+    starts[1:] = prompt_ids[1:] != prompt_ids[:-1]
+    runs = torch.cumsum(starts.long(), 0)
+    dev, std, _ = _group_stats(rewards, runs)
+    return dev / (std + 1e-6)
 
 
-@mistake(group_advantages, "the completions of one prompt are CONSECUTIVE: reshape to [n_groups, group_size]")
-def _ga_interleaved(rewards, group_size):     # groups taken as strided instead of consecutive
-    strided = rewards.reshape(group_size, -1).T.reshape(-1)
-    return group_advantages(strided, group_size).reshape(-1, group_size).T.reshape(-1)
+@mistake(group_advantages_by_prompt, "you subtracted the mean of the OTHER responses of the group (RLOO's "
+         "leave-one-out baseline); GRPO subtracts the group's mean including r_i")
+def _gbp_leave_one_out(rewards, prompt_ids):
+    dev, std, count = _group_stats(rewards, prompt_ids)
+    loo = torch.where(count > 1, dev * count / (count - 1).clamp_min(1), torch.zeros_like(dev))
+    return loo / (std + 1e-6)
 
 
 # ------------------------------------------------------------------- 4. sequence_ratio
