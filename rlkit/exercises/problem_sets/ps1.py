@@ -202,7 +202,7 @@ def greedy_return(policy, seed: int, episodes: int = 5) -> float:
     return total / episodes
 
 
-VISIBLE_STEPS, VISIBLE_TARGET = 10_000, 150.0
+VISIBLE_STEPS, VISIBLE_TARGET = 10_000, 120.0
 
 
 def _train_visible(ns):

@@ -290,11 +290,11 @@ def _rollout_episode_returns(ns):
 
 
 #: fresh seeds of the hidden learning test, its step budget and the greedy return it asks for
-LEARN_SEEDS, LEARN_STEPS, LEARN_TARGET = (90_001, 90_002, 90_003), 10_000, 150.0
+LEARN_SEEDS, LEARN_STEPS, LEARN_TARGET = (90_001, 90_002, 90_003), 10_000, 120.0
 
 
 def _learns(ns):
-    """train_ppo(seed, total_steps=10_000) on 3 fresh seeds: greedy return over 5 new episodes >= 150.
+    """train_ppo(seed, total_steps=10_000) on 3 fresh seeds: greedy return over 5 new episodes >= 120.
 
     Full credit for 2 of 3 seeds, half for 1 (the reference's margins: tests/test_problem_sets_ps1.py)."""
     got = []
