@@ -2,7 +2,8 @@
 in fresh processes with timeouts, partial credit over visible and hidden cases, JSON and CSV reports.
 
 Three synthetic chapter-1 submissions (all correct; partly right with a registered mistake; one
-answer that never returns), one that is not a notebook and one whose answer cell is not Python."""
+answer that never returns), one that is not a notebook, one whose answer cell is not Python, and
+the unfilled skeleton of problem set 1 (graded by task, with its hidden tests, 0 points)."""
 from __future__ import annotations
 
 import csv
@@ -10,12 +11,15 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
+import rlkit
 from rlkit.exercises import exercises, get
 from rlkit.exercises.solutions import hidden_cases
 
+ROOT = Path(rlkit.__file__).resolve().parents[1]
 CHAPTER = 1
 SEED = 1
 RTG_LOOP = '''def reward_to_go(rewards, discounts):
@@ -64,6 +68,8 @@ def graded(tmp_path_factory):
     (folder / "d_broken.ipynb").write_text("{not json")
     bad = _notebook({"reward_to_go": "def reward_to_go(rewards, discounts)\n    return rewards\n"})
     (folder / "e_syntax.ipynb").write_text(json.dumps(bad))
+    skeleton = ROOT / "lessons" / "problem_sets" / "ps1_reinforce_to_ppo.ipynb"
+    (folder / "f_ps1.ipynb").write_text(skeleton.read_text(encoding="utf-8"))
     pts = {n: 2.0 for n in names}
     pts["reward_to_go"] = 3.0
     (folder.parent / "points.json").write_text(json.dumps(pts))
@@ -136,10 +142,29 @@ def test_unreadable_submissions_get_zero_with_the_reason(graded):
     assert syntax["max"] == sum(graded["pts"].values())
 
 
+def test_a_problem_set_skeleton_is_graded_by_task_with_its_hidden_tests_and_written_part(graded):
+    import importlib
+
+    from rlkit.exercises.problem_sets import get_problem_set
+
+    ps = get_problem_set("ps1")
+    hidden = importlib.import_module("rlkit.exercises.solutions.ps1").HIDDEN
+    r = graded["records"]["f_ps1.ipynb"]
+    assert r["kind"] == "problem_set" and r["problem_set"] == "ps1" and r["error"] is None
+    assert r["score"] == 0 and r["to_grade_by_hand"] == ps.written_points
+    assert r["max"] == pytest.approx(sum(t.points for t in (*ps.visible, *hidden)) + ps.written_points)
+    items = _items(r)
+    assert list(items) == [*ps.tasks, "written part"]
+    assert sum(i["total"] for i in r["items"]) == len(ps.visible) + len(hidden)
+    assert items["written part"]["points"] is None and "by hand" in items["written part"]["message"]
+    assert all("not implemented" in i["message"] for n, i in items.items() if n != "written part")
+
+
 def test_the_csv_has_one_row_per_submission_and_item(graded):
     rows = graded["rows"]
     n = len(graded["names"])
-    assert len(rows) == 4 * n + 1          # 4 chapter submissions x items, and the unreadable one
+    n_ps = len(graded["records"]["f_ps1.ipynb"]["items"])
+    assert len(rows) == 4 * n + 1 + n_ps   # 4 chapter submissions x items, the unreadable one, the problem set
     hang = [row for row in rows if row["file"] == "c_hangs.ipynb"]
     assert [row["item"] for row in hang] == graded["names"]
     assert sum("timed out" in row["message"] for row in rows) == 1
@@ -147,5 +172,5 @@ def test_the_csv_has_one_row_per_submission_and_item(graded):
 
 
 def test_grading_a_folder_stays_quick(graded):
-    assert graded["seconds"] < 120, graded["seconds"]
-    print(f"grade-folder: {graded['seconds']:.1f} s for 5 submissions")
+    assert graded["seconds"] < 300, graded["seconds"]      # about 70 s on 2 busy cores (load 9)
+    print(f"grade-folder: {graded['seconds']:.1f} s for 6 submissions")
