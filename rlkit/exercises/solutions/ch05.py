@@ -3,11 +3,13 @@ r"""Checkers for the exercises of chapter 5, ``lessons/05_onpolicy_offpolicy_dri
 * ``active_clip_fraction(logp_new, logp_old, advantages, eps)``: the fraction of samples whose
   PPO-clip gradient is zero, i.e.
   :math:`(\hat A > 0 \wedge \rho > 1+\epsilon) \vee (\hat A < 0 \wedge \rho < 1-\epsilon)`.
-* ``wasserstein_1d(x, y)``: the 1-Wasserstein distance between two empirical samples of equal size
-  along the last dimension, :math:`W_1 = \frac1n\sum_i |x_{(i)} - y_{(i)}|` (sorted samples).
-* ``kl_regularised_optimum(ref_logprobs, reward, beta)``: the log-probabilities of
-  :math:`\pi_\beta \propto \pi_{ref}\, e^{r/\beta}`, the maximiser of
-  :math:`\mathbb E_\pi[r] - \beta\,\mathrm{KL}(\pi\,\|\,\pi_{ref})`.
+* ``wasserstein_1d_unequal(x, y)``: the 1-Wasserstein distance between two empirical samples of
+  possibly different sizes ``n`` and ``m`` along the last dimension,
+  :math:`W_1 = \int |F_x(t) - F_y(t)|\,dt`. (The chapter's code cell ``w1`` handles equal sizes.)
+* ``kl_regularised_frontier(ref_logprobs, reward, beta)``: the point of the Goodhart curve that
+  :math:`\pi_\beta \propto \pi_{ref}\, e^{r/\beta}` reaches, ``(E_{pi_beta}[r], KL(pi_beta || pi_ref))``, with
+  :math:`\mathrm{KL} = \mathbb E_{\pi_\beta}[r]/\beta - \log Z_\beta`. (The chapter displays
+  ``rlkit.reward_models.kl_regularised_optimum``, which gives :math:`\pi_\beta` itself.)
 * ``kl_shaped_rewards(score, logp, logp_ref, mask, beta)``: RLHF's per-token rewards,
   :math:`r_t = -\beta(\log\pi(y_t) - \log\pi_{ref}(y_t)) + [t = \text{last real token}]\,\hat r`,
   0 on padding.
@@ -84,108 +86,152 @@ def _clip_swapped_signs(logp_new, logp_old, advantages, eps):
     return active_clip_fraction(logp_new, logp_old, -advantages, eps)
 
 
-# ----------------------------------------------------------------------- 2. wasserstein_1d
+# ----------------------------------------------------------------- 2. wasserstein_1d_unequal
 
-def _w1_cases():
+def _cdf_gaps(x, y):
+    """On the sorted union t_0 <= ... of both samples: the widths t_{k+1} - t_k and F_x(t_k), F_y(t_k)."""
+    xs, ys = x.sort(-1).values, y.sort(-1).values
+    t = torch.cat([xs, ys], -1).sort(-1).values
+    left = t[..., :-1].contiguous()
+    fx = torch.searchsorted(xs.contiguous(), left, right=True).to(x.dtype) / x.shape[-1]
+    fy = torch.searchsorted(ys.contiguous(), left, right=True).to(x.dtype) / y.shape[-1]
+    return t.diff(dim=-1), fx, fy
+
+
+def _w1u_cases():
     g = torch.Generator().manual_seed(606)
     return [
-        Case(args=(torch.tensor([0.0, 1.0, 2.0]), torch.tensor([2.0, 0.5, 1.0])), label="three points each"),
-        Case(args=(torch.randn(3, 40, generator=g, dtype=F64),
-                   0.5 + 2.0 * torch.randn(3, 40, generator=g, dtype=F64)), label="[3, 40], shifted and wider"),
-        Case(args=(torch.randn(200, generator=g), torch.randn(200, generator=g).abs()),
-             label="200 points, a half-normal vs a normal"),
+        Case(args=(torch.tensor([0.0, 1.0]), torch.tensor([0.0, 0.5, 1.0])),
+             label="{0, 1} against {0, 0.5, 1}: W1 = 1/6"),
+        Case(args=(torch.tensor([0.0, 1.0, 2.0]), torch.tensor([2.0, 0.5, 1.0])),
+             label="equal sizes, unsorted: the sorted pairing"),
+        Case(args=(torch.tensor([3.0]), torch.tensor([0.0, 1.0, 2.0, 10.0])),
+             label="one point against four: the mean distance to the point"),
+        Case(args=(torch.tensor([1.0, 1.0, 2.0, 2.0]), torch.tensor([2.0, 1.0])),
+             label="ties, and the same distribution written twice: W1 = 0"),
+        Case(args=(torch.randn(3, 40, generator=g, dtype=F64), 0.5 + 2.0 * torch.randn(3, 25, generator=g, dtype=F64)),
+             label="[3, 40] against [3, 25] (float64), shifted and wider"),
+        Case(args=(torch.randn(200, generator=g), torch.randn(130, generator=g).abs()),
+             label="200 points of a normal against 130 of a half-normal"),
     ]
 
 
-@exercise(chapter=5, cases=_w1_cases, description="1-Wasserstein distance between two equal-size empirical samples.")
-def wasserstein_1d(x, y):
-    r""":math:`W_1 = \frac1n \sum_i |x_{(i)} - y_{(i)}|`; ``x, y [..., n]`` -> ``[...]``."""
-    V.matching_floats(x=x, y=y)
-    V.int_in(x.shape[-1], "the number of samples x.shape[-1]")
-    return (x.sort(-1).values - y.sort(-1).values).abs().mean(-1)
+@exercise(chapter=5, cases=_w1u_cases, atol=1e-5,
+          description="1-Wasserstein distance between two empirical samples of possibly different sizes.")
+def wasserstein_1d_unequal(x, y):
+    r""":math:`W_1 = \int |F_x - F_y|\,dt`; ``x [..., n]``, ``y [..., m]`` -> ``[...]``."""
+    V.float_tensor(x, "x", min_dim=1)
+    V.float_tensor(y, "y", min_dim=1)
+    if x.dtype != y.dtype or x.shape[:-1] != y.shape[:-1]:
+        raise ValueError(f"x and y must share dtype and leading dimensions, got {tuple(x.shape)} {x.dtype} "
+                         f"and {tuple(y.shape)} {y.dtype}")
+    if x.shape[-1] == 0 or y.shape[-1] == 0:
+        raise ValueError("x and y need at least one sample each")
+    width, fx, fy = _cdf_gaps(x, y)
+    return ((fx - fy).abs() * width).sum(-1)
 
 
-@mistake(wasserstein_1d, "you paired x_i with y_i in the order given; the samples are unordered "
-         "sets, and the optimal coupling in 1-D pairs the i-th smallest x with the i-th smallest y: "
-         "sort both first")
-def _w1_unsorted(x, y):
-    return (x - y).abs().mean(-1)
+@mistake(wasserstein_1d_unequal, "you cut both samples to the shorter length and paired them sorted; with "
+         "n != m every point carries mass 1/n on one side and 1/m on the other: compare the CDFs (or the "
+         "quantile functions) over the whole line")
+def _w1u_truncate(x, y):
+    k = min(x.shape[-1], y.shape[-1])
+    return (x.sort(-1).values[..., :k] - y.sort(-1).values[..., :k]).abs().mean(-1)
 
 
-@mistake(wasserstein_1d, "you sorted x but not y; sort both so that quantiles meet quantiles")
-def _w1_one_sorted(x, y):
-    return (x.sort(-1).values - y).abs().mean(-1)
+@mistake(wasserstein_1d_unequal, "you integrated the SQUARED gap of the CDFs (a Cramer-von Mises-type "
+         "distance); W1 integrates the absolute gap |F_x - F_y|")
+def _w1u_squared(x, y):
+    width, fx, fy = _cdf_gaps(x, y)
+    return ((fx - fy) ** 2 * width).sum(-1)
 
 
-@mistake(wasserstein_1d, "you averaged squared gaps (that is W_2 squared); W_1 averages absolute gaps")
-def _w1_squared(x, y):
-    return ((x.sort(-1).values - y.sort(-1).values) ** 2).mean(-1)
+@mistake(wasserstein_1d_unequal, "you summed |F_x - F_y| at the points without the widths of the gaps "
+         "between them; W1 is an integral over t, dt = t_{k+1} - t_k")
+def _w1u_no_width(x, y):
+    width, fx, fy = _cdf_gaps(x, y)
+    return (fx - fy).abs().sum(-1) / (x.shape[-1] + y.shape[-1])
 
 
-@mistake(wasserstein_1d, "you compared the means only. |mean(x) - mean(y)| is a lower bound on W_1 "
+@mistake(wasserstein_1d_unequal, "you compared the means only. |mean(x) - mean(y)| is a lower bound on W_1 "
          "that is blind to a change of spread or shape")
-def _w1_mean_gap(x, y):
+def _w1u_mean_gap(x, y):
     return (x.mean(-1) - y.mean(-1)).abs()
 
 
-@mistake(wasserstein_1d, "you sorted x ascending and y descending, coupling the smallest x with "
-         "the largest y: the worst coupling, not the best")
-def _w1_opposite_order(x, y):
-    return (x.sort(-1).values - y.sort(-1, descending=True).values).abs().mean(-1)
+# ----------------------------------------------------------------- 3. kl_regularised_frontier
 
-
-# ----------------------------------------------------------------- 3. kl_regularised_optimum
-
-def _opt_cases():
+def _front_cases():
     g = torch.Generator().manual_seed(707)
     ref = torch.log_softmax(torch.randn(5, 7, generator=g, dtype=F64), -1)
     r = torch.randn(5, 7, generator=g, dtype=F64)
     ref3 = torch.log(torch.tensor([0.5, 0.25, 0.25]))
+    banned = torch.log(torch.tensor([0.5, 0.5, 0.0, 0.0], dtype=F64))
     return [
         Case(args=(ref3, torch.tensor([0.0, 1.0, 0.0]), 1.0), label="three responses, beta = 1"),
         Case(args=(ref, r, 0.5), label="[5, 7], beta = 0.5"),
         Case(args=(ref, r, 4.0), label="[5, 7], beta = 4"),
         Case(args=(ref3, torch.tensor([0.0, 30.0, -30.0]), 0.02),
              label="reward / beta = +-1500: overflows unless you stay in log space"),
+        Case(args=(banned, torch.tensor([0.0, 1.0, 5.0, -1.0], dtype=F64), 0.3),
+             label="pi_ref = 0 on two responses (log-prob -inf): they add nothing, not NaN"),
+        Case(args=(ref3, torch.ones(3), 0.7), label="a constant reward: KL = 0 and E[r] = 1"),
     ]
 
 
-@exercise(chapter=5, cases=_opt_cases, description="The closed-form maximiser of E[r] - beta KL(pi || pi_ref).")
-def kl_regularised_optimum(ref_logprobs, reward, beta):
-    r""":math:`\log\pi_\beta = \log\pi_{ref} + r/\beta - \log Z`; ``[..., N]`` -> ``[..., N]``."""
+def _tilt(ref_logprobs, reward, beta):
+    """log pi_beta and log Z_beta; responses with pi_ref = 0 keep log pi_beta = -inf."""
+    s = ref_logprobs + reward / beta
+    log_z = torch.logsumexp(s, dim=-1)
+    return s - log_z[..., None], log_z
+
+
+def _expect(logp, values):
+    """E_p[values] with 0 where p = 0 (so that -inf or inf values there add nothing)."""
+    p = logp.exp()
+    return torch.where(p > 0, p * values, torch.zeros((), dtype=p.dtype)).sum(-1)
+
+
+@exercise(chapter=5, cases=_front_cases, atol=1e-6,
+          description="The expected reward and the KL to pi_ref of the KL-regularised optimum pi_beta.")
+def kl_regularised_frontier(ref_logprobs, reward, beta):
+    r"""``(E_{pi_beta}[r], KL(pi_beta || pi_ref))`` with :math:`\mathrm{KL} = \mathbb E[r]/\beta - \log Z_\beta`;
+    ``[..., N]`` -> two ``[...]`` tensors."""
     V.matching_floats(ref_logprobs=ref_logprobs, reward=reward)
     beta = V.real_in(beta, "beta", 0.0, lo_open=True)
-    return torch.log_softmax(ref_logprobs + reward / beta, dim=-1)
+    logp, log_z = _tilt(ref_logprobs, reward, beta)
+    mean_r = _expect(logp, reward)
+    return mean_r, mean_r / beta - log_z
 
 
-@mistake(kl_regularised_optimum, "you multiplied the reward by beta; the optimum tilts by exp(r / beta): "
-         "a LARGER penalty must keep the policy CLOSER to pi_ref")
-def _opt_times_beta(ref_logprobs, reward, beta):
-    return torch.log_softmax(ref_logprobs + beta * reward, dim=-1)
+@mistake(kl_regularised_frontier, "you took the expected reward under pi_ref; the frontier's reward is "
+         "E under the optimum pi_beta, the policy that the penalty lets move")
+def _front_ref_reward(ref_logprobs, reward, beta):
+    logp, log_z = _tilt(ref_logprobs, reward, beta)
+    mean_r = _expect(logp, reward)
+    return _expect(ref_logprobs, reward), mean_r / beta - log_z
 
 
-@mistake(kl_regularised_optimum, "you dropped pi_ref: softmax(r / beta) is the optimum of the entropy-regularised "
-         "objective (a uniform reference), not of the KL-regularised one")
-def _opt_no_ref(ref_logprobs, reward, beta):
-    return torch.log_softmax(reward / beta, dim=-1)
+@mistake(kl_regularised_frontier, "the KL points the wrong way: you computed KL(pi_ref || pi_beta); the "
+         "objective penalises KL(pi_beta || pi_ref), the expectation under the NEW policy")
+def _front_reverse_kl(ref_logprobs, reward, beta):
+    logp, _ = _tilt(ref_logprobs, reward, beta)
+    return _expect(logp, reward), _expect(ref_logprobs, ref_logprobs - logp)
 
 
-@mistake(kl_regularised_optimum, "your log-probabilities are not normalised: subtract log Z = "
-         "logsumexp(log pi_ref + r / beta) (torch.log_softmax does it)")
-def _opt_unnormalised(ref_logprobs, reward, beta):
-    return ref_logprobs + reward / beta
+@mistake(kl_regularised_frontier, "the sign of log Z is wrong: log(pi_beta / pi_ref) = r / beta - log Z, so "
+         "KL = E[r] / beta - log Z")
+def _front_log_z_sign(ref_logprobs, reward, beta):
+    logp, log_z = _tilt(ref_logprobs, reward, beta)
+    mean_r = _expect(logp, reward)
+    return mean_r, mean_r / beta + log_z
 
 
-@mistake(kl_regularised_optimum, "you returned probabilities; the exercise asks for log-probabilities")
-def _opt_probabilities(ref_logprobs, reward, beta):
-    return kl_regularised_optimum(ref_logprobs, reward, beta).exp()
-
-
-@mistake(kl_regularised_optimum, "you exponentiated before normalising, which overflows for large r / beta "
-         "(inf / inf = NaN); stay in log space with torch.log_softmax")
-def _opt_naive(ref_logprobs, reward, beta):
-    w = ref_logprobs.exp() * torch.exp(reward / beta)
-    return (w / w.sum(-1, keepdim=True)).log()
+@mistake(kl_regularised_frontier, "the 1 / beta is missing from the KL: log(pi_beta / pi_ref) = r / beta - log Z")
+def _front_no_beta(ref_logprobs, reward, beta):
+    logp, log_z = _tilt(ref_logprobs, reward, beta)
+    mean_r = _expect(logp, reward)
+    return mean_r, mean_r - log_z
 
 
 # ---------------------------------------------------------------------- 4. kl_shaped_rewards
