@@ -13,14 +13,14 @@ decorated with :func:`mistake` and the cause to report::
         ...
 
 A student writes a function with the same name and calls ``check(reward_to_go)``. ``check`` runs
-the student's function and the reference on every case and explains the first thing that
-differs: a signature that does not fit, an exception, the wrong number of outputs, the wrong shape
-or dtype (a floating-point output must have the reference's dtype: the dtype of the floating-point
-inputs, by torch's type promotion, or the one the exercise states, e.g. "a float64 tensor"), NaNs,
-an input modified in place, or the first differing element, followed by a likely cause. Likely
-causes come from two places: the exercise's registered mistakes (a buggy variant whose outputs the
-student's match exactly), and generic patterns (a sign flip, a constant factor, a shift by one step
-in time, time reversed).
+the student's function on every case, compares it with the reference's stored outputs (below) and
+explains the first thing that differs: a signature that does not fit, an exception, the wrong
+number of outputs, the wrong shape or dtype (a floating-point output must have the reference's
+dtype: the dtype of the floating-point inputs, by torch's type promotion, or the one the exercise
+states, e.g. "a float64 tensor"), NaNs, an input modified in place, or the first differing
+element, followed by a likely cause. Likely causes come from two places: the exercise's registered
+mistakes (a buggy variant whose outputs the student's match exactly), and generic patterns (a sign
+flip, a constant factor, a shift by one step in time, time reversed).
 
 ``check`` returns a :class:`CheckResult`, truthy when every case matched, so a notebook can
 ``assert check(my_fn)``. Instructors can grade with :func:`grade`, which runs the checks for
@@ -518,10 +518,6 @@ def _value_difference(gt: torch.Tensor, et: torch.Tensor, where: str, atol: floa
     if cause:
         msg += f"\n   likely cause: {cause}"
     return msg
-
-
-def _describe_case(case: Case, i: int) -> str:
-    return f"case {i + 1}" + (f" ({case.label})" if case.label else "")
 
 
 def _run(fn: Callable, ex: Exercise | None, args: tuple, kwargs: dict):

@@ -122,7 +122,8 @@ def _exercise_item(name: str, r: dict, pts: float, visible_total: int, hidden_to
     elif hidden_total and hp < hidden_total:
         msg = r["hidden_message"]
     else:
-        msg = r["message"] + (f" All {hidden_total} hidden cases match too." if hidden_total else "")
+        msg = r["message"] + (f" All {hidden_total} hidden cases match too." if hidden_total else
+                              " (No hidden cases: this exercise's cases are not seeded.)")
     earned = pts * passed / total if total else 0.0
     return ItemResult(name, earned, pts, passed, total, msg, vp, visible_total, hp, hidden_total)
 
