@@ -175,7 +175,7 @@ def _batch_rtg(ns):
                 "this episode's rewards from t on; episodes end where dones is True, columns are independent)")
 
 
-def _batch_gae(ns):
+def hidden_gae_batch(ns):
     """[T, N] float64 GAE with terminations and truncations in the middle; compared with rlkit.returns.gae."""
     from rlkit.returns import gae
     g = torch.Generator().manual_seed(7_002)
@@ -249,7 +249,7 @@ def _chain_rollout(ns, num_steps=37, seed=0):
     return out, policy, value
 
 
-def _rollout_truncation(ns):
+def hidden_rollout_truncation(ns):
     """On a chain that truncates at t = 4: next_values at a truncation is V(final state), not V(reset state)."""
     out, policy, value = _chain_rollout(ns)
     obs, nv = out["obs"], out["next_values"]
@@ -270,7 +270,7 @@ def _rollout_truncation(ns):
     assert (obs[starts][:, :2] == 0).all(), "the observation after an episode's end must be the reset observation"
 
 
-def _rollout_episode_returns(ns):
+def hidden_rollout_episode_returns(ns):
     """Episode returns on the chain equal the sums of the rewards between ends (every ended episode, in order)."""
     out, _, _ = _chain_rollout(ns, num_steps=53, seed=3)
     r, ends = out["rewards"], (out["terminated"] | out["truncated"]).bool()
@@ -309,10 +309,10 @@ def _learns(ns):
 
 HIDDEN: tuple[Test, ...] = (
     Test("rtg_batch_mid_episode_ends", "reward_to_go", 3, _batch_rtg),
-    Test("gae_batch_terminations_truncations", "gae_advantages", 4, _batch_gae),
+    Test("gae_batch_terminations_truncations", "gae_advantages", 4, hidden_gae_batch),
     Test("clip_gradient_active_set", "ppo_clip_loss", 4, _clip_grad),
-    Test("rollout_truncation_bootstrap", "collect_rollout", 5, _rollout_truncation),
-    Test("rollout_episode_returns_and_logp", "collect_rollout", 3, _rollout_episode_returns),
+    Test("rollout_truncation_bootstrap", "collect_rollout", 5, hidden_rollout_truncation),
+    Test("rollout_episode_returns_and_logp", "collect_rollout", 3, hidden_rollout_episode_returns),
     Test("ppo_learns_fresh_seeds", "train_ppo", 10, _learns, timeout=300.0),
 )
 

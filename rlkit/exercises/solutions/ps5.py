@@ -164,8 +164,8 @@ BUGS = {"collect_rollout": "rollout_obs_alignment", "gae_advantages": "gae_masks
 
 def _rollout_alignment(ns):
     """The chain env of problem set 1: next_values at truncations, obs/logp alignment, episode returns."""
-    _ps1._rollout_episode_returns(ns)      # logp[t] against obs[t] first: it names the misalignment
-    _ps1._rollout_truncation(ns)
+    _ps1.hidden_rollout_episode_returns(ns)      # logp[t] against obs[t] first: it names the misalignment
+    _ps1.hidden_rollout_truncation(ns)
 
 
 def _update_clips(ns):
@@ -236,7 +236,7 @@ def _learns(ns):
 
 HIDDEN: tuple[Test, ...] = (
     Test("rollout_obs_alignment", "collect_rollout", 5, _rollout_alignment),
-    Test("gae_masks_batch", "gae_advantages", 5, _ps1._batch_gae),
+    Test("gae_masks_batch", "gae_advantages", 5, _ps1.hidden_gae_batch),
     Test("update_clips_against_rollout_logp", "ppo_update", 5, _update_clips),
     Test("trainer_learns_fresh_seeds", "ppo_update", 6, _learns, timeout=300.0),
     Test("diagnose_rollout_accepts_correct", "diagnose_rollout", 2,
