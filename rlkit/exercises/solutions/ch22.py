@@ -1,9 +1,11 @@
 r"""Checkers for the exercises of chapter 22, ``lessons/22_exploration_diversity.ipynb``.
 
-* ``pass_at_k_estimate(n, c, k)``: the unbiased pass@k of Chen et al. (2021),
-  :math:`1-\binom{n-c}{k}/\binom{n}{k}`, elementwise over int64 tensors ``n`` and ``c``, float64.
-* ``diversity_bonus(responses, correct, group_size)``: the within-group bonus
-  :math:`d_i = c_i\,(1-\frac{n_i-1}{m-1})`, ``[N]`` float32.
+* ``best_of_k_estimate(rewards, k)``: the unbiased expected best of ``k`` of ``n`` graded rewards,
+  :math:`\sum_i \binom{i-1}{k-1}/\binom nk\, r_{(i)}` over each row sorted ascending ``[B, n] -> [B]``;
+  for 0/1 rewards the pass@k of Chen et al. (2021).
+* ``near_duplicate_bonus(responses, correct, group_size)``: the within-group bonus with near-duplicates
+  counted by the Jaccard similarity :math:`J` of their character bigrams,
+  :math:`d_i = c_i\,(1-\frac1{m-1}\sum_{j\ne i}J(y_i,y_j))`, ``[N]`` float32.
 * ``normalize_intrinsic(raw)``: raw intrinsic rewards ``[S, B]`` (``S`` steps of ``B``) divided, step
   by step, by the running population std of all raw rewards seen so far (this step included),
   :math:`\tilde r_{s,i} = r_{s,i}/\sqrt{\sigma^2_{\le s} + 10^{-8}}`, float64.
@@ -11,7 +13,6 @@ r"""Checkers for the exercises of chapter 22, ``lessons/22_exploration_diversity
 from __future__ import annotations
 
 import math
-from collections import Counter
 
 import torch
 
@@ -20,112 +21,143 @@ from rlkit.exercises import Case, exercise, mistake
 __all__: list[str] = []
 
 
-# ------------------------------------------------------------------- 1. pass_at_k_estimate
+# ------------------------------------------------------------------- 1. best_of_k_estimate
+# (was pass_at_k_estimate: rlkit.llm.explore.pass_at_k, which the chapter shows, passed its check as a
+# one-line call; issue 23. The exercise now generalises it to graded rewards.)
 
-def _pk_cases():
-    n = torch.tensor([10, 10, 10, 10, 5, 64, 64, 3])
-    c = torch.tensor([0, 1, 3, 8, 5, 2, 40, 1])
+def _bk_cases():
+    g = torch.Generator().manual_seed(2201)
+    binary = torch.tensor([[0.] * 10, [1.] + [0.] * 9, [1., 0., 1., 0., 0., 1., 0., 0., 0., 0.],
+                           [1., 1., 1., 0., 1., 1., 1., 1., 0., 1.]], dtype=torch.float64)
+    graded = torch.randint(0, 4, (3, 8), generator=g).double() / 3
+    cont = torch.rand(2, 64, generator=g, dtype=torch.float64)
     return [
-        Case(args=(torch.tensor([4]), torch.tensor([1]), 2), label="hand case: n = 4, c = 1, k = 2 -> 1/2"),
-        Case(args=(n, c, 1), label="k = 1 (pass@1 = c / n)"),
-        Case(args=(n, c, 3), label="k = 3, including n - c < k (certain success)"),
-        Case(args=(torch.tensor([64, 64, 20]), torch.tensor([1, 10, 0]), 16), label="k = 16"),
+        Case(args=(torch.tensor([[0.0, 0.5, 1.0]], dtype=torch.float64), 2),
+             label="hand case: {0, 0.5, 1}, k = 2 -> (0.5 + 1 + 1) / 3 = 5/6"),
+        Case(args=(binary, 3), label="0/1 rewards, n = 10, k = 3: pass@3 (c = 0, 1, 3, 8)"),
+        Case(args=(graded, 4), label="graded rewards with ties, n = 8, k = 4"),
+        Case(args=(graded, 1), label="k = 1: the mean"),
+        Case(args=(graded, 8), label="k = n: the maximum"),
+        Case(args=(cont, 16), label="n = 64 continuous rewards, k = 16"),
     ]
 
 
-def _pk(n, c, k, f):
-    return torch.tensor([f(int(a), int(b), k) for a, b in zip(n, c)], dtype=torch.float64)
+def _bk(rewards, k, weight):
+    n = rewards.shape[-1]
+    w = torch.tensor([weight(i, n, k) for i in range(1, n + 1)], dtype=rewards.dtype)
+    return (rewards.sort(-1).values * w).sum(-1)
 
 
-@exercise(chapter=22, cases=_pk_cases, atol=1e-9,
-          description="the unbiased pass@k estimator from n samples with c correct")
-def pass_at_k_estimate(n, c, k):
-    """1 - C(n - c, k) / C(n, k) elementwise (1 when n - c < k); float64."""
-    return _pk(n, c, k, lambda a, b, k: 1.0 - math.comb(a - b, k) / math.comb(a, k))
+@exercise(chapter=22, cases=_bk_cases, atol=1e-9,
+          description="the unbiased expected best of k samples from n graded rewards (pass@k for 0/1 rewards)")
+def best_of_k_estimate(rewards, k):
+    """sum_i C(i - 1, k - 1) / C(n, k) * r_(i) over each row's rewards sorted ascending; [B, n] -> [B]."""
+    return _bk(rewards, k, lambda i, n, k: math.comb(i - 1, k - 1) / math.comb(n, k))
 
 
-@mistake(pass_at_k_estimate, "you plugged p = c / n into 1 - (1 - p)^k; that estimator is biased (downwards, by "
-         "Jensen: 1 - (1 - p)^k is concave in p). Count the k-subsets without a correct sample: C(n - c, k) / C(n, k)")
-def _pk_plugin(n, c, k):
-    return _pk(n, c, k, lambda a, b, k: 1.0 - (1.0 - b / a) ** k)
+@mistake(best_of_k_estimate, "you took the best of k draws WITH replacement from the samples, sum r_(i) [(i/n)^k - "
+         "((i-1)/n)^k]: the plug-in, biased downwards like 1 - (1 - c/n)^k; average over the k-subsets instead")
+def _bk_plugin(rewards, k):
+    return _bk(rewards, k, lambda i, n, k: (i / n) ** k - ((i - 1) / n) ** k)
 
 
-@mistake(pass_at_k_estimate, "you returned C(n - c, k) / C(n, k), the chance that all k samples are WRONG; "
-         "pass@k is one minus it")
-def _pk_complement(n, c, k):
-    return _pk(n, c, k, lambda a, b, k: math.comb(a - b, k) / math.comb(a, k))
+@mistake(best_of_k_estimate, "you averaged the k best samples; best-of-k keeps ONE answer, the best of k, and the "
+         "i-th smallest is that answer in C(i - 1, k - 1) of the C(n, k) subsets")
+def _bk_top_k_mean(rewards, k):
+    return rewards.sort(-1).values[..., -k:].mean(-1)
 
 
-@mistake(pass_at_k_estimate, "you used the union bound min(1, k c / n); it overcounts subsets with several "
-         "correct samples")
-def _pk_union(n, c, k):
-    return _pk(n, c, k, lambda a, b, k: min(1.0, k * b / a))
+@mistake(best_of_k_estimate, "the weights run the wrong way: C(n - i, k - 1) / C(n, k) on the i-th smallest is "
+         "the expected WORST of k samples")
+def _bk_worst(rewards, k):
+    return _bk(rewards, k, lambda i, n, k: math.comb(n - i, k - 1) / math.comb(n, k))
 
 
-@mistake(pass_at_k_estimate, "off by one in the product: 1 - prod_{i=n-c+1}^{n} (1 - k/i) runs over c terms "
-         "starting at i = n - c + 1, not at i = n - c")
-def _pk_off_by_one(n, c, k):
-    def f(a, b, k):
-        if a - b < k:
-            return 1.0
-        p = 1.0
-        for i in range(a - b, a + 1):
-            p *= 1.0 - k / i
-        return 1.0 - p
-    return _pk(n, c, k, f)
+@mistake(best_of_k_estimate, "off by one in the weights: the i-th smallest is the maximum of a k-subset when the "
+         "other k - 1 members come from the i - 1 samples below it, C(i - 1, k - 1), not C(i, k - 1)")
+def _bk_off_by_one(rewards, k):
+    return _bk(rewards, k, lambda i, n, k: math.comb(i, k - 1) / math.comb(n, k))
 
 
-# ------------------------------------------------------------------- 2. diversity_bonus
+# ------------------------------------------------------------------- 2. near_duplicate_bonus
+# (was diversity_bonus: rlkit.llm.explore.group_diversity_bonus, which the chapter shows, passed its
+# check as a one-line call; issue 23. The exercise now counts near-duplicates by their similarity.)
 
-def _db_cases():
-    resp = ["10=370", "10=370", "20=740", "11=5", "10=370", "10=370", "10=370", "10=370",
+def _bigrams(s):
+    return {s[i:i + 2] for i in range(len(s) - 1)}
+
+
+def _jaccard(a, b):
+    A, B = _bigrams(a), _bigrams(b)
+    if not A and not B:
+        return 1.0 if a == b else 0.0
+    return len(A & B) / len(A | B)
+
+
+def _nd_cases():
+    resp = ["10=370", "10=370.", "20=740", "11=5", "10=370", "10=370", "10=370", "10=370",
             "12=144", "13=156", "14=168", "15=180"]
     corr = torch.tensor([1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 0, 1])
     return [
-        Case(args=(["a", "a", "b", "c"], torch.tensor([1, 1, 1, 0]), 4),
-             label="hand case: 'a' twice, 'b' once, 'c' wrong -> [2/3, 2/3, 1, 0]"),
-        Case(args=(resp, corr, 4), label="three groups of 4: mixed, all identical, all different"),
+        Case(args=(["10=370", "10=370.", "20=740", "11=5"], torch.tensor([1, 1, 1, 0]), 4),
+             label="hand case: a near-duplicate ('10=370' and '10=370.', similarity 5/6), a different answer, "
+                   "a wrong one"),
+        Case(args=(resp, corr, 4), label="three groups of 4: near-duplicates, identical answers, different answers"),
         Case(args=(resp[:6], corr[:6], 2), label="groups of 2"),
+        Case(args=(["", "", "7", "7", "7", "70", "ab", "ba"], torch.tensor([1, 1, 1, 1, 1, 1, 1, 1]), 4),
+             label="strings without bigrams: equal ones are duplicates ('' and '', '7' and '7'), others are not"),
         Case(args=(["x", "y", "x", "x"], torch.tensor([1, 1, 1, 1]), 4),
-             label="another group of 4: 'x' three times, 'y' once -> [1/3, 1, 1/3, 1/3]"),
+             label="'x' three times, 'y' once: the exact-copy bonus [1/3, 1, 1/3, 1/3]"),
     ]
 
 
-def _db(responses, correct, m, gate=True, within=True, minus_self=True, denom=None):
+def _nd(responses, correct, m, gate=True, sim=_jaccard, within=True, self_too=False, denom=None):
     N = len(responses)
     out = torch.zeros(N)
     for g in range(N // m):
         grp = responses[g * m:(g + 1) * m]
-        counts = Counter(grp if within else responses)
+        pool = grp if within else responses
         for j, r in enumerate(grp):
-            n_i = counts[r] - (1 if minus_self else 0)
-            out[g * m + j] = 1.0 - n_i / (m - 1 if denom is None else denom)
+            others = [x for k, x in enumerate(pool) if self_too or (pool is grp and k != j)
+                      or (pool is not grp and k != g * m + j)]
+            out[g * m + j] = 1.0 - sum(sim(r, x) for x in others) / (m - 1 if denom is None else denom)
     return out * torch.as_tensor(correct).float() if gate else out
 
 
-@exercise(chapter=22, cases=_db_cases, atol=1e-6,
-          description="the within-group diversity bonus for correct answers")
-def diversity_bonus(responses, correct, group_size):
-    """d_i = c_i (1 - (n_i - 1) / (m - 1)), n_i = copies of response i in its group; [N] float32."""
-    return _db(responses, correct, group_size)
+@exercise(chapter=22, cases=_nd_cases, atol=1e-6,
+          description="the within-group diversity bonus for correct answers, counting near-duplicates by similarity")
+def near_duplicate_bonus(responses, correct, group_size):
+    """d_i = c_i (1 - sum_{j != i in the group} J(y_i, y_j) / (m - 1)), J the bigram Jaccard; [N] float32."""
+    return _nd(responses, correct, group_size)
 
 
-@mistake(diversity_bonus, "the bonus is not gated by correctness: a wrong but unusual response must earn 0, or "
-         "the policy is paid for writing different junk")
-def _db_ungated(responses, correct, group_size):
-    return _db(responses, correct, group_size, gate=False)
+@mistake(near_duplicate_bonus, "you counted exact copies only (the chapter's bonus); near-duplicates such as '10=370' "
+         "and '10=370.' must count by their bigram similarity J")
+def _nd_exact(responses, correct, group_size):
+    return _nd(responses, correct, group_size, sim=lambda a, b: 1.0 if a == b else 0.0)
 
 
-@mistake(diversity_bonus, "you counted copies over the whole batch; the bonus compares a response with the other "
-         "m - 1 responses of ITS group (the same prompt)")
-def _db_batch(responses, correct, group_size):
-    return _db(responses, correct, group_size, within=False, denom=group_size - 1)
+@mistake(near_duplicate_bonus, "the bonus is not gated by correctness: a wrong but unusual response must earn 0, "
+         "or the policy is paid for writing different junk")
+def _nd_ungated(responses, correct, group_size):
+    return _nd(responses, correct, group_size, gate=False)
 
 
-@mistake(diversity_bonus, "the response counted itself as a copy: n_i includes i, so subtract one before dividing "
-         "by the m - 1 others (a unique answer must earn exactly 1)")
-def _db_self(responses, correct, group_size):
-    return _db(responses, correct, group_size, minus_self=False)
+@mistake(near_duplicate_bonus, "the response was compared with itself (similarity 1): sum over the m - 1 OTHER "
+         "responses of its group, so that a unique answer earns exactly 1")
+def _nd_self(responses, correct, group_size):
+    return _nd(responses, correct, group_size, self_too=True)
+
+
+@mistake(near_duplicate_bonus, "you compared with every response of the batch; the bonus compares a response with "
+         "the other m - 1 responses of ITS group (the same prompt)")
+def _nd_batch(responses, correct, group_size):
+    return _nd(responses, correct, group_size, within=False)
+
+
+@mistake(near_duplicate_bonus, "you divided by m; the similarities are averaged over the m - 1 other responses")
+def _nd_over_m(responses, correct, group_size):
+    return _nd(responses, correct, group_size, denom=group_size)
 
 
 # ------------------------------------------------------------------- 3. normalize_intrinsic
