@@ -20,8 +20,6 @@ def test_chapter_registers_three_exercises():
 def test_references_against_the_library_and_hand_values():
     ref = {n: get(n).reference for n in CH21}
     g = torch.Generator().manual_seed(0)
-    u = torch.randn(3, 5, generator=g, dtype=torch.float64)
-    m = torch.rand(3, 5, generator=g) < 0.6
     lr, r = torch.randn(9, generator=g, dtype=torch.float64), torch.rand(9, generator=g, dtype=torch.float64)
     rh, v = torch.rand(9, generator=g, dtype=torch.float64), torch.rand(9, generator=g, dtype=torch.float64)
     assert torch.allclose(ref["doubly_robust"](lr, r, rh, v), ope_dr(lr, r, rh, v))
@@ -55,7 +53,8 @@ def test_masked_expectile_against_bisection_the_loss_and_hand_values():
     ref = get("masked_expectile").reference
     g = torch.Generator().manual_seed(21)
     for kappa in (0.1, 0.5, 0.7, 0.95):
-        x = torch.randint(0, 5, (5, 8), generator=g).double() / 4 + 0.1 * torch.randn(5, 8, generator=g, dtype=torch.float64)
+        x = torch.randint(0, 5, (5, 8), generator=g).double() / 4
+        x = x + 0.1 * torch.randn(5, 8, generator=g, dtype=torch.float64)
         m = torch.rand(5, 8, generator=g) < 0.7
         m[:, 0] = True
         out = ref(x, kappa, m)
@@ -63,7 +62,7 @@ def test_masked_expectile_against_bisection_the_loss_and_hand_values():
             assert math.isclose(float(out[b]), _expectile_by_bisection(x[b][m[b]], kappa), abs_tol=1e-10)
             # it minimises the chapter's (displayed) expectile loss: nudging it either way raises the loss
             u = x[b][m[b]]
-            loss = lambda v: float(expectile_loss(u - v, kappa))        # noqa: E731
+            loss = lambda v, u=u, kappa=kappa: float(expectile_loss(u - v, kappa))        # noqa: E731
             assert loss(out[b]) <= min(loss(out[b] + 1e-4), loss(out[b] - 1e-4))
     assert torch.allclose(ref(x, 0.5, m), torch.stack([x[b][m[b]].mean() for b in range(5)]), atol=1e-12)
     hand = ref(torch.tensor([[0.0, 1.0], [3.0, 3.0]], dtype=torch.float64), 0.75,
@@ -114,7 +113,8 @@ def test_sampled_cql_against_a_loop_the_exact_penalty_and_many_samples():
     est = float(ref(q, a, m, many, mu.gather(-1, many)))        # consistent: close to the exact penalty
     assert abs(est - float(cql_penalty(q, a, m))) < 0.03
     hand = ref(torch.log(torch.tensor([[[1.0, 2.0, 1.0]]], dtype=torch.float64)), torch.tensor([[1]]),
-               torch.tensor([[True]]), torch.tensor([[[0, 1]]]), torch.full((1, 1, 2), -math.log(3), dtype=torch.float64))
+               torch.tensor([[True]]), torch.tensor([[[0, 1]]]),
+               torch.full((1, 1, 2), -math.log(3), dtype=torch.float64))
     assert math.isclose(float(hand), math.log(4.5) - math.log(2), rel_tol=1e-12)
 
 

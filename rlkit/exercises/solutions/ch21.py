@@ -39,7 +39,8 @@ def _ex_cases():
     return [
         Case(args=(torch.tensor([[0.0, 1.0]], dtype=F64), 0.75, torch.tensor([[True, True]])),
              label="hand case: {0, 1} at kappa 0.75 -> 0.75 (0.75 (1 - v) = 0.25 v)"),
-        Case(args=(pad, 0.7, m), label="4 rows of 7, kappa 0.7: a full row, one real entry, no real entry, padding 5.0"),
+        Case(args=(pad, 0.7, m),
+             label="4 rows of 7, kappa 0.7: a full row, one real entry, no real entry, padding 5.0"),
         Case(args=(pad, 0.5, m), label="the same at kappa 0.5: the masked mean"),
         Case(args=(graded, 0.9, torch.ones(2, 6, dtype=torch.bool)), label="graded values with ties, kappa 0.9"),
         Case(args=(nan, 0.3, m), label="kappa 0.3 (below the mean), NaN in the padding"),
