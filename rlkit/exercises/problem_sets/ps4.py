@@ -6,7 +6,7 @@ the helpers the skeleton gives (:func:`rollout`, :func:`exact_values`), the conf
 ``rlkit/exercises/solutions/ps4.py`` (instructor side); the rubric in ``book/instructor/ps4_rubric.md``.
 
 The task. A 3 x 6 grid; the agent starts at the bottom-left corner and the episode ends (terminates) when
-it reaches the bottom-right corner or after ``horizon`` moves. Each move earns -1 and reaching the goal
+it reaches the bottom-right corner or after ``horizon`` moves (25). Each move earns -1 and reaching the goal
 +10 more. The four cells between start and goal on the bottom row are hazards: every move that ends in
 one costs 1. The short route (5 moves along the bottom row) earns 5 and costs 4; the safe route (up,
 5 right, down: 7 moves) earns 3 and costs 0. The constraint is on the expected episode cost,
@@ -43,7 +43,7 @@ class HazardGrid:
         horizon: the deadline, in moves. step_reward, goal_reward: as above.
     """
 
-    def __init__(self, rows: int = 3, cols: int = 6, hazards=None, horizon: int = 15,
+    def __init__(self, rows: int = 3, cols: int = 6, hazards=None, horizon: int = 25,
                  step_reward: float = -1.0, goal_reward: float = 10.0):
         self.rows = V.int_in(rows, "rows", 2)
         self.cols = V.int_in(cols, "cols", 3)

@@ -130,20 +130,21 @@ def train_constrained(env: HazardGrid, budget: float | None = None, *, penalty: 
             v = critic(batch["obs"])
         a_r, ret_r = _gae(batch["rewards"], v[..., 0], done, valid, cfg.gamma, cfg.gae_lambda)
         a_c, ret_c = _gae(batch["costs"], v[..., 1], done, valid, cfg.gamma, cfg.gae_lambda)
-        adv = lagrangian_advantage(a_r, a_c, nu)
-        adv = (adv - adv[valid].mean()) / (adv[valid].std() + 1e-8)
+        adv = lagrangian_advantage(a_r, a_c, nu)[valid]                  # the real steps only, flattened
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        obs, actions, logp_old = batch["obs"][valid], batch["actions"][valid], batch["logp"][valid]
+        ret_r, ret_c = ret_r[valid], ret_c[valid]
         for _ in range(cfg.epochs):
-            logp = torch.log_softmax(policy(batch["obs"]), -1).gather(-1, batch["actions"][..., None]).squeeze(-1)
-            loss, stats = ppo_clip_loss(logp, batch["logp"], adv, cfg.clip, mask=valid)
+            logp_all = torch.log_softmax(policy(obs), -1)
+            logp = logp_all.gather(-1, actions[:, None]).squeeze(-1)
+            loss, stats = ppo_clip_loss(logp, logp_old, adv, cfg.clip)
             if cfg.entropy > 0:
-                logp_all = torch.log_softmax(policy(batch["obs"]), -1)
-                ent = -(logp_all.exp() * logp_all).sum(-1)[valid].mean()
-                loss = loss - cfg.entropy * ent
+                loss = loss - cfg.entropy * (-(logp_all.exp() * logp_all).sum(-1)).mean()
             opt_pi.zero_grad()
             loss.backward()
             opt_pi.step()
-            v = critic(batch["obs"])
-            v_loss = ((v[..., 0] - ret_r)[valid] ** 2).mean() + ((v[..., 1] - ret_c)[valid] ** 2).mean()
+            v = critic(obs)
+            v_loss = ((v[:, 0] - ret_r) ** 2).mean() + ((v[:, 1] - ret_c) ** 2).mean()
             opt_v.zero_grad()
             v_loss.backward()
             opt_v.step()
