@@ -2,7 +2,10 @@
 
 Every reference passes its own check; every registered mistake fails with its own cause; and
 each reference is compared with an independent computation (hand-worked values, slow loops,
-finite differences, exact expectations, torch.distributions, other rlkit modules).
+finite differences, exact expectations, torch.distributions, other rlkit modules). Chapter 4's first
+exercise asks for the KL between two bigram models' sequence distributions, because the chapter
+displays rlkit.divergences.kl_categorical, which passed the old one-step exercise (issue 23); a test
+calls the displayed function as a student would and sees it fail.
 """
 import math
 
@@ -11,7 +14,7 @@ import torch
 
 from rlkit.exercises import check, exercises, get
 
-CH04 = ["categorical_kl", "kl_estimators", "adaptive_kl_beta", "clipped_surrogate_loss", "natural_step"]
+CH04 = ["markov_sequence_kl", "kl_estimators", "adaptive_kl_beta", "clipped_surrogate_loss", "natural_step"]
 CH06 = ["entropy_change", "kl_second_order", "kl_lr_update"]
 ALL = CH04 + CH06
 F64 = torch.float64
@@ -32,40 +35,51 @@ def test_student_exception_is_reported_not_raised(name):
 
 # ------------------------------------------------------------------------------ chapter 4
 
-def test_categorical_kl_hand_case_and_slow_loop():
-    ref = get("categorical_kl").reference
-    p = torch.tensor([math.log(0.9), math.log(0.1)], dtype=F64)
-    q = torch.zeros(2, dtype=F64)
-    assert ref(p, q).item() == pytest.approx(0.9 * math.log(1.8) + 0.1 * math.log(0.2), abs=1e-12)
+def _brute_force_sequence_kl(logits_p, logits_q, start, T):
+    """Sum over all V^T sequences of p(y) (log p(y) - log q(y)), in plain floats."""
+    import itertools
+    lp, lq = torch.log_softmax(logits_p, -1).tolist(), torch.log_softmax(logits_q, -1).tolist()
+    total = 0.0
+    for seq in itertools.product(range(len(lp)), repeat=T):
+        prev, a, b = start, 0.0, 0.0
+        for y in seq:
+            a, b, prev = a + lp[prev][y], b + lq[prev][y], y
+        if a > -math.inf:
+            total += math.exp(a) * (a - b)
+    return total
+
+
+def test_markov_sequence_kl_hand_case_and_brute_force():
+    ref = get("markov_sequence_kl").reference
+    p = torch.log(torch.tensor([[0.9, 0.1], [0.2, 0.8]], dtype=F64))
+    q = torch.zeros(2, 2, dtype=F64)
+    k0 = 0.9 * math.log(1.8) + 0.1 * math.log(0.2)      # the KL of each row against the uniform q
+    k1 = 0.2 * math.log(0.4) + 0.8 * math.log(1.6)
+    assert ref(p, q, 0, 2).item() == pytest.approx(k0 + 0.9 * k0 + 0.1 * k1, abs=1e-12)
     g = torch.Generator().manual_seed(0)
-    lp, lq = torch.randn(4, 5, generator=g, dtype=F64), torch.randn(4, 5, generator=g, dtype=F64)
-    out = ref(lp, lq)
-    for i in range(4):
-        pp = [math.exp(x) for x in lp[i].tolist()]
-        zp = sum(pp)
-        qq = [math.exp(x) for x in lq[i].tolist()]
-        zq = sum(qq)
-        slow = sum(a / zp * math.log((a / zp) / (b / zq)) for a, b in zip(pp, qq))
-        assert out[i].item() == pytest.approx(slow, abs=1e-12)
-    td = torch.distributions
-    assert torch.allclose(out, td.kl_divergence(td.Categorical(logits=lp), td.Categorical(logits=lq)), atol=1e-12)
+    for V, T, start in [(3, 4, 0), (2, 6, 1), (4, 3, 2)]:
+        lp, lq = 2 * torch.randn(V, V, generator=g, dtype=F64), torch.randn(V, V, generator=g, dtype=F64)
+        lp[0, -1] = -math.inf                            # a token p never writes after token 0
+        assert ref(lp, lq, start, T).item() == pytest.approx(_brute_force_sequence_kl(lp, lq, start, T), rel=1e-10)
+    # T = 1 is the one-step KL of the start row, the exercise the chapter's kl_categorical used to answer
+    from rlkit.divergences import kl_categorical
+    lp, lq = torch.randn(5, 5, generator=g, dtype=F64), torch.randn(5, 5, generator=g, dtype=F64)
+    assert ref(lp, lq, 3, 1).item() == pytest.approx(kl_categorical(lp[3], lq[3]).item(), abs=1e-12)
 
 
-def test_categorical_kl_masked_actions_and_cross_entropy_identity():
-    ref = get("categorical_kl").reference
-    lp = torch.tensor([0.3, -0.2, -math.inf], dtype=F64)
-    lq = torch.tensor([0.0, 0.5, 1.0], dtype=F64)
-    p = torch.softmax(lp[:2], -1)
-    q = torch.softmax(lq, -1)
-    expected = float((p * (p.log() - q[:2].log())).sum())
-    assert ref(lp, lq).item() == pytest.approx(expected, abs=1e-12)
-    # H(p, q) = H(p) + KL(p || q)
-    g = torch.Generator().manual_seed(1)
-    a, b = torch.randn(7, generator=g, dtype=F64), torch.randn(7, generator=g, dtype=F64)
-    pa, lb = torch.softmax(a, -1), torch.log_softmax(b, -1)
-    cross = -(pa * lb).sum()
-    ent = -(pa * pa.log()).sum()
-    assert (cross - ent).item() == pytest.approx(ref(a, b).item(), abs=1e-12)
+def test_markov_sequence_kl_mistakes_and_the_displayed_function():
+    from rlkit.divergences import kl_categorical
+    from rlkit.exercises import self_check
+    assert self_check("markov_sequence_kl") == []
+    causes = [m.cause for m in get("markov_sequence_kl").mistakes]
+    assert len(causes) >= 3 and len(set(causes)) == len(causes)
+
+    def markov_sequence_kl(logits_p, logits_q, start, T):      # what the displayed function gives in one line
+        return T * kl_categorical(logits_p[..., start, :], logits_q[..., start, :])
+
+    assert not check(markov_sequence_kl, verbose=False)
+    assert not check(lambda logits_p, logits_q, start, T: kl_categorical(logits_p, logits_q).sum(-1),
+                     "markov_sequence_kl", verbose=False)
 
 
 def test_kl_estimators_hand_values_and_exact_expectations():

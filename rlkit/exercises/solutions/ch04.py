@@ -1,7 +1,11 @@
 r"""Checkers for the exercises of chapter 4, ``lessons/04_kl_trpo_ppo.ipynb``.
 
-* ``categorical_kl(logits_p, logits_q)``: the exact :math:`\mathrm{KL}(p\,\|\,q)` of two categorical
-  distributions given by logits on the last dimension, with :math:`0\log 0 = 0`.
+* ``markov_sequence_kl(logits_p, logits_q, start, T)``: the exact :math:`\mathrm{KL}(p\,\|\,q)` between the
+  distributions of length-``T`` sequences of two bigram models (``logits[..., prev, next]``, first token
+  drawn after ``start``), by the chain rule:
+  :math:`\sum_t \mathbb E_{y_{t-1}\sim p}[\mathrm{KL}(p(\cdot\mid y_{t-1})\,\|\,q(\cdot\mid y_{t-1}))]`,
+  with :math:`0\log 0 = 0`.
+  (The chapter displays ``rlkit.divergences.kl_categorical``, the one-step KL.)
 * ``kl_estimators(logp, logq)``: the per-sample estimators :math:`(k_1, k_2, k_3)` of
   :math:`\mathrm{KL}(p\,\|\,q)` from samples of :math:`p`, with :math:`\ell = \log q - \log p`:
   :math:`k_1 = -\ell`, :math:`k_2 = \ell^2/2`, :math:`k_3 = e^\ell - 1 - \ell`, checked to a
@@ -27,60 +31,86 @@ __all__: list[str] = []
 F64 = torch.float64
 
 
-# --------------------------------------------------------------------------- 1. categorical_kl
+# --------------------------------------------------------------------------- 1. markov_sequence_kl
 
-def _kl_cases():
+def _row_kl(lp, lq):
+    """KL of each row (next-token distribution after each previous token), 0 log 0 = 0: [..., V, V] -> [..., V]."""
+    p = lp.exp()
+    return (p * torch.where(p > 0, lp - lq, torch.zeros((), dtype=lp.dtype))).sum(-1)
+
+
+def _seq_kl(logits_p, logits_q, start, T, walk="p", advance_first=False):
+    lp, lq = torch.log_softmax(logits_p, -1), torch.log_softmax(logits_q, -1)
+    step = _row_kl(lp, lq)
+    move = (lp if walk == "p" else lq).exp()
+    d = torch.zeros_like(step)
+    d[..., start] = 1.0                                   # the previous token of step 0 is `start`
+    total = torch.zeros(step.shape[:-1], dtype=step.dtype)
+    for _ in range(T):
+        if advance_first:
+            d = (d[..., :, None] * move).sum(-2)
+        total = total + (d * step).sum(-1)
+        if not advance_first:
+            d = (d[..., :, None] * move).sum(-2)          # the distribution of the token just drawn
+    return total
+
+
+def _skl_cases():
     g = torch.Generator().manual_seed(401)
-    masked_p = torch.randn(3, 6, generator=g, dtype=F64)
-    masked_p[:, -2:] = -math.inf            # two actions p never takes (a masked vocabulary)
-    masked_q = torch.randn(3, 6, generator=g, dtype=F64)
+    masked_p = torch.randn(5, 5, generator=g, dtype=F64)
+    masked_p[:, 3:] = -math.inf                            # two tokens p never writes (a masked vocabulary)
+    masked_p[0, 3] = 0.0                                   # ... except token 3 after token 0
+    half = torch.log(torch.tensor([[0.5, 0.5], [0.5, 0.5]], dtype=F64))
     return [
-        Case(args=(torch.tensor([math.log(0.9), math.log(0.1)], dtype=F64),
-                   torch.tensor([0.0, 0.0], dtype=F64)), label="p = (0.9, 0.1), q uniform"),
-        Case(args=(torch.randn(4, 5, generator=g), torch.randn(4, 5, generator=g)), label="4 states, 5 actions"),
-        Case(args=(2 * torch.randn(2, 3, 7, generator=g, dtype=F64), torch.randn(2, 3, 7, generator=g, dtype=F64)),
-             label="[2, 3] states, float64"),
-        Case(args=(masked_p, masked_q), label="p gives probability 0 to two actions"),
+        Case(args=(torch.log(torch.tensor([[0.9, 0.1], [0.2, 0.8]], dtype=F64)), half, 0, 2),
+             label="two tokens, two steps from token 0 (hand case)"),
+        Case(args=(torch.randn(4, 4, generator=g, dtype=F64), torch.randn(4, 4, generator=g, dtype=F64), 2, 1),
+             label="T = 1: the KL of the row of the start token"),
+        Case(args=(2 * torch.randn(6, 6, generator=g), torch.randn(6, 6, generator=g), 1, 5),
+             label="6 tokens, 5 steps"),
+        Case(args=(torch.randn(3, 4, 4, generator=g, dtype=F64), torch.randn(3, 4, 4, generator=g, dtype=F64), 0, 4),
+             label="a batch of 3 pairs of models, float64"),
+        Case(args=(masked_p, torch.randn(5, 5, generator=g, dtype=F64), 0, 4),
+             label="p gives probability 0 to some tokens: finite"),
+        Case(args=(half, torch.zeros(2, 2, dtype=F64), 1, 0), label="T = 0: the empty sequence, KL 0"),
     ]
 
 
-@exercise(chapter=4, cases=_kl_cases, atol=1e-5,
-          description="exact KL between categorical distributions given by logits")
-def categorical_kl(logits_p, logits_q):
-    r""":math:`\sum_a p_a(\log p_a - \log q_a)` over the last dim, terms with :math:`p_a = 0` are 0."""
+@exercise(chapter=4, cases=_skl_cases, atol=1e-5,
+          description="exact KL between the sequence distributions of two bigram models")
+def markov_sequence_kl(logits_p, logits_q, start, T):
+    r""":math:`\sum_{t<T}\sum_v \Pr_p(y_{t-1} = v)\,\mathrm{KL}(p(\cdot\mid v)\,\|\,q(\cdot\mid v))`,
+    :math:`y_{-1}` = ``start``; ``logits [..., V, V]`` -> ``[...]``."""
     V.matching_floats(logits_p=logits_p, logits_q=logits_q)
-    lp, lq = torch.log_softmax(logits_p, -1), torch.log_softmax(logits_q, -1)
-    p = lp.exp()
-    diff = torch.where(p > 0, lp - lq, torch.zeros((), dtype=lp.dtype))
-    return (p * diff).sum(-1)
+    sizes = V.layout("... V V", floating=True, logits_p=logits_p)
+    start = V.int_in(start, "start", 0, sizes["V"] - 1)
+    T = V.int_in(T, "T", 0)
+    return _seq_kl(logits_p, logits_q, start, T)
 
 
-@mistake(categorical_kl, "you computed KL(q || p): the expectation must be under p, the first argument "
+@mistake(markov_sequence_kl, "you charged every step the KL of the start token's row; after the first step the "
+         "previous token is random: weight each row's KL by the probability, under p, of having just written it")
+def _skl_start_row_only(logits_p, logits_q, start, T):
+    step = _row_kl(torch.log_softmax(logits_p, -1), torch.log_softmax(logits_q, -1))
+    return T * step[..., start]
+
+
+@mistake(markov_sequence_kl, "you moved the distribution of the previous token with q; the expectation in the "
+         "chain rule is under p, the first argument of the KL (the model that writes the sequence)")
+def _skl_walk_q(logits_p, logits_q, start, T):
+    return _seq_kl(logits_p, logits_q, start, T, walk="q")
+
+
+@mistake(markov_sequence_kl, "off by one step: you advanced the token distribution before adding the first "
+         "term; step 0's next token is drawn after the start token itself")
+def _skl_advance_first(logits_p, logits_q, start, T):
+    return _seq_kl(logits_p, logits_q, start, T, advance_first=True)
+
+
+@mistake(markov_sequence_kl, "you computed KL(q || p): the expectation must be under p, the first argument "
          "(KL is not symmetric)")
-def _kl_reversed(logits_p, logits_q):
-    return categorical_kl(logits_q, logits_p)
-
-
-@mistake(categorical_kl, "you computed the cross-entropy H(p, q) = -sum p log q, which is "
-         "H(p) + KL(p || q): subtract the entropy H(p) (that entropy term is why a "
-         "cross-entropy threshold drifts during training)")
-def _kl_cross_entropy(logits_p, logits_q):
-    p = torch.softmax(logits_p, -1)
-    lq = torch.log_softmax(logits_q, -1)
-    return -(torch.where(p > 0, p * lq, torch.zeros((), dtype=lq.dtype))).sum(-1)
-
-
-@mistake(categorical_kl, "log(softmax(...)) of a zero probability is -inf, and 0 * (-inf) is NaN: use "
-         "log_softmax and give the terms with p_a = 0 the value 0")
-def _kl_nan_at_zero(logits_p, logits_q):
-    p, q = torch.softmax(logits_p, -1), torch.softmax(logits_q, -1)
-    return (p * (torch.log(p) - torch.log(q))).sum(-1)
-
-
-@mistake(categorical_kl, "you averaged log p - log q over actions with equal weights; KL weights each "
-         "action by p_a and sums")
-def _kl_unweighted(logits_p, logits_q):
-    return (torch.log_softmax(logits_p, -1) - torch.log_softmax(logits_q, -1)).mean(-1)
+def _skl_reversed(logits_p, logits_q, start, T):
+    return _seq_kl(logits_q, logits_p, start, T)
 
 
 # --------------------------------------------------------------------------- 2. kl_estimators
