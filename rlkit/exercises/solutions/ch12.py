@@ -20,7 +20,6 @@ import torch
 
 from rlkit import _validate as V
 from rlkit.exercises import Case, exercise, mistake
-from rlkit.exercises.solutions.ch04 import clipped_surrogate_loss
 
 __all__: list[str] = []
 F64 = torch.float64
@@ -39,7 +38,8 @@ def _thr_cases():
         Case(args=(lk, lb, 1.0), label="keep everything: the largest |rho_k - 1|"),
         Case(args=(lk, lb, 0.4), label="keep 40% of 6 samples: 2.4 rounds up to 3"),
         Case(args=(lk, lb, 0.1), label="keep 10% of 6 samples: at least one"),
-        Case(args=(big, torch.zeros_like(big), 0.755), label="6 x 50 tokens, log-ratios of scale 2, keep 75.5% (226.5 of 300)"),
+        Case(args=(big, torch.zeros_like(big), 0.755),
+             label="6 x 50 tokens, log-ratios of scale 2, keep 75.5% (226.5 of 300)"),
         Case(args=(small, torch.zeros_like(small), 0.9), label="40 samples, keep 90% (36 of them)"),
         Case(args=(torch.tensor([60.0, -60.0, 0.01, 0.0], dtype=F64), torch.zeros(4, dtype=F64), 0.75),
              label="log-ratios of +-60 (no inf or NaN please), keep 3 of 4"),
@@ -99,7 +99,8 @@ def _geppo_cases():
     return [
         Case(args=(0.2, [0.25, 0.25, 0.25, 0.25], 4), label="4 versions, uniform, a window of 4 keeps all: 2 eps / 5"),
         Case(args=(0.2, [0.25, 0.25, 0.25, 0.25], 2), label="the same with a window of 2: ages 0 and 1 kept"),
-        Case(args=(0.3, [0.5, 0.0, 0.0, 0.5], 3), label="half fresh, half 3 versions old; the window drops the old half"),
+        Case(args=(0.3, [0.5, 0.0, 0.0, 0.5], 3),
+             label="half fresh, half 3 versions old; the window drops the old half"),
         Case(args=(0.2, [0.1, 0.2, 0.3, 0.4], 3), label="weights rising with age, window 3"),
         Case(args=(0.2, [1.0 / 9] * 9, 3), label="the ablation of chapter 12: ages uniform on 0-8, window 3"),
         Case(args=(0.2, [0.6, 0.4], 1), label="a window of 1: fresh data only, the PPO radius"),

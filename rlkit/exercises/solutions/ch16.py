@@ -41,12 +41,14 @@ def _vt_cases():
     hand = (lr, torch.tensor([[0.0, 0.0, 1.0]], dtype=F64), torch.tensor([[0.2, 0.4, 0.5]], dtype=F64),
             torch.tensor([[0.4, 0.5, 0.0]], dtype=F64), torch.tensor([[1.0, 1.0, 0.0]], dtype=F64))
     return [
-        Case(args=(*hand, 1.0, 1.0, 2), label="3 steps by hand: ratios 2, 0.5, 3; reward 1 at the end; clips 1, 1; n = 2"),
+        Case(args=(*hand, 1.0, 1.0, 2),
+             label="3 steps by hand: ratios 2, 0.5, 3; reward 1 at the end; clips 1, 1; n = 2"),
         Case(args=(*traj(4, 7, 0.8), 2.0, 1.0, 3), label="4 trajectories of 7 steps, rho-bar = 2, c-bar = 1, n = 3"),
         Case(args=(*traj(3, 8, 1.2), 1.0, 0.5, 2), label="c-bar = 0.5 below rho-bar = 1, n = 2"),
         Case(args=(*traj(2, 6, 1.0, cut=2), 1.0, 1.0, 4), label="an episode ends at step 2 inside the row, n = 4"),
         Case(args=(*traj(2, 5, 1.0), 1.5, 1.0, 1), label="n = 1: one clipped TD error, no trace"),
-        Case(args=(*traj(2, 5, 1.0), 1.0, 1.0, 9), label="n = 9 longer than the row (5 steps): the full V-trace target"),
+        Case(args=(*traj(2, 5, 1.0), 1.0, 1.0, 9),
+             label="n = 9 longer than the row (5 steps): the full V-trace target"),
         Case(args=(*traj(2, 6, 0.0), 1.0, 1.0, 3), label="on-policy data (all log-ratios 0), n = 3"),
     ]
 
@@ -141,9 +143,12 @@ def _tp_cases():
         Case(args=(pi, mu, 0.5, 1.0), label="pi = (0.7, 0.2, 0.1), mu = (0.2, 0.3, 0.5), rho_lo = 0.5, rho-bar = 1"),
         Case(args=(pi, mu, 0.0, 1.0), label="rho_lo = 0: the chapter's one-sided truncation"),
         Case(args=(zero, mu, 0.5, 2.0), label="an action pi never takes is lifted to rho_lo * mu"),
-        Case(args=(pol(5, 4, temp=0.5), pol(5, 4), 0.7, 1.5), label="5 states x 4 actions, rho_lo = 0.7, rho-bar = 1.5"),
-        Case(args=(pol(3, 6), pol(3, 6), 0.01, 100.0), label="rho_lo = 0.01, rho-bar = 100 (no ratio clipped): pi itself"),
-        Case(args=(pol(2, 3, 5), pol(2, 3, 5), 1.0, 1.0), label="rho_lo = rho-bar = 1: every weight is 1, so mu itself"),
+        Case(args=(pol(5, 4, temp=0.5), pol(5, 4), 0.7, 1.5),
+             label="5 states x 4 actions, rho_lo = 0.7, rho-bar = 1.5"),
+        Case(args=(pol(3, 6), pol(3, 6), 0.01, 100.0),
+             label="rho_lo = 0.01, rho-bar = 100: wide clips, close to pi"),
+        Case(args=(pol(2, 3, 5), pol(2, 3, 5), 1.0, 1.0),
+             label="rho_lo = rho-bar = 1: every weight is 1, so mu itself"),
     ]
 
 
