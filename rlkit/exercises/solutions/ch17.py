@@ -8,15 +8,16 @@ r"""Checkers for the exercises of chapter 17, ``lessons/17_uncertainty_risk.ipyn
   :math:`Z` the row's mean of :math:`e^{-R/\tau}` (stable for small :math:`\tau`).
 * ``pinball(quantiles, targets, taus)``: the quantile-regression loss, mean over rows and levels,
   :math:`\ell_\tau(u) = u(\tau - \mathbf 1[u<0])` with :math:`u = y - q`.
-* ``soft_bt_loss(r_a, r_b, p_a)``: Bradley-Terry with soft labels,
-  :math:`-\frac1M\sum_i[\hat p_i\log\sigma(d_i) + (1-\hat p_i)\log\sigma(-d_i)]`.
+* ``bt_pair_grads(margins, p_a, rule)``: the gradient in each pair's margin of three readings of "weight
+  pairs by Bradley-Terry confidence": soft labels :math:`\sigma(d) - \hat p`, the majority weighted by the
+  agreement :math:`|2\hat p - 1|(\sigma(d) - y)`, and the majority weighted by the model's own confidence
+  :math:`|\sigma(d) - \tfrac12|(\sigma(d) - y)` (weight held fixed), :math:`y = \mathbf 1[\hat p > \tfrac12]`.
 
 Chapter: 17_uncertainty_risk.
 """
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from rlkit.exercises import Case, exercise, mistake
 
@@ -194,50 +195,74 @@ def _pin_sq(quantiles, targets, taus):
     return ((targets[:, None] - quantiles) ** 2).mean()
 
 
-# ------------------------------------------------------------------- 4. soft_bt_loss
+# ------------------------------------------------------------------- 4. bt_pair_grads
+# (was soft_bt_loss: rlkit.risk.soft_bradley_terry_loss, which the chapter shows, passed its check as a
+# one-line call; issue 23. The exercise now compares the three readings of "weight pairs by
+# Bradley-Terry confidence" through the gradient each gives a pair's margin.)
 
-def _bt_cases():
+def _bg_cases():
     g = torch.Generator().manual_seed(3)
-    ra, rb = torch.randn(7, generator=g, dtype=torch.float64), torch.randn(7, generator=g, dtype=torch.float64)
+    d = torch.randn(7, generator=g, dtype=torch.float64) * 2
     p = torch.tensor([0.0, 0.2, 0.4, 0.6, 0.8, 1.0, 0.6], dtype=torch.float64)
+    wrong = torch.tensor([-6.0, -1.0, 0.0, 1.0, 6.0], dtype=torch.float64)
+    unanimous = torch.ones(5, dtype=torch.float64)
     return [
-        Case(args=(torch.tensor([1.0], dtype=torch.float64), torch.tensor([0.0], dtype=torch.float64),
-                   torch.tensor([0.6], dtype=torch.float64)),
-             label="hand case: margin 1, p = 0.6 -> 0.6 softplus(-1) + 0.4 softplus(1)"),
-        Case(args=(ra, rb, p), label="7 pairs, votes 0/5 .. 5/5"),
-        Case(args=(ra * 20, rb * 20, p), label="large margins (needs softplus, not log(sigmoid))"),
+        Case(args=(torch.tensor([1.0], dtype=torch.float64), torch.tensor([0.6], dtype=torch.float64), "soft"),
+             label="hand case: margin 1, p = 0.6, soft -> sigma(1) - 0.6"),
+        Case(args=(d, p, "soft"), label="7 pairs, votes 0/5 .. 5/5, soft labels"),
+        Case(args=(d, p, "weighted_majority"), label="the same pairs, majority weighted by |2p - 1|"),
+        Case(args=(d, p, "model_confidence"), label="the same pairs, majority weighted by |sigma(d) - 1/2|"),
+        Case(args=(d * 25, p, "soft"), label="large margins (|d| up to about 100)"),
+        Case(args=(wrong, unanimous, "model_confidence"),
+             label="a unanimous label and margins from confidently wrong to confidently right"),
+        Case(args=(torch.zeros(3, dtype=torch.float64), torch.tensor([0.5, 0.5, 0.5], dtype=torch.float64),
+                   "weighted_majority"), label="tied votes: no majority, weight 0"),
     ]
 
 
-@exercise(chapter=17, cases=_bt_cases, atol=1e-9, description="Bradley-Terry loss with soft labels")
-def soft_bt_loss(r_a, r_b, p_a):
-    """mean of p softplus(-(r_a - r_b)) + (1 - p) softplus(r_a - r_b); a scalar."""
-    d = r_a - r_b
-    return (p_a * nn.functional.softplus(-d) + (1 - p_a) * nn.functional.softplus(d)).mean()
+def _bg(margins, p_a, rule, agree=lambda p: (2 * p - 1).abs(), through=False, sign=1.0):
+    s = torch.sigmoid(margins)
+    if rule == "soft":
+        return sign * (s - p_a)
+    y = (p_a > 0.5).to(margins.dtype)
+    if rule == "weighted_majority":
+        return sign * agree(p_a) * (s - y)
+    w = (s - 0.5).abs()
+    out = w * (s - y)
+    if through:                                           # d/dd of the weight times the loss
+        loss = y * torch.nn.functional.softplus(-margins) + (1 - y) * torch.nn.functional.softplus(margins)
+        out = out + torch.sign(s - 0.5) * s * (1 - s) * loss
+    return sign * out
 
 
-@mistake(soft_bt_loss, "you rounded the soft label to the majority vote: a 3-to-2 split is then fitted as if it "
-         "were unanimous, which is what soft labels avoid")
-def _bt_round(r_a, r_b, p_a):
-    return soft_bt_loss(r_a, r_b, (p_a > 0.5).to(p_a.dtype))
+@exercise(chapter=17, cases=_bg_cases, atol=1e-9,
+          description="the per-pair gradient in the margin of three readings of 'weight pairs by confidence'")
+def bt_pair_grads(margins, p_a, rule):
+    """d loss_i / d d_i per pair: soft sigma(d) - p; weighted_majority |2p - 1| (sigma(d) - y);
+    model_confidence |sigma(d) - 1/2| (sigma(d) - y) with the weight held fixed; y = 1[p > 1/2]."""
+    return _bg(margins, p_a, rule)
 
 
-@mistake(soft_bt_loss, "the roles are swapped: p is the probability that a is preferred, so it multiplies "
-         "-log sigma(r_a - r_b) = softplus(-(r_a - r_b))")
-def _bt_swapped(r_a, r_b, p_a):
-    return soft_bt_loss(r_a, r_b, 1 - p_a)
+@mistake(bt_pair_grads, "the sign is flipped: the gradient of the loss -[p log sigma(d) + (1 - p) log sigma(-d)] "
+         "in d is sigma(d) - p, positive when the model already prefers a more than the annotators do")
+def _bg_sign(margins, p_a, rule):
+    return _bg(margins, p_a, rule, sign=-1.0)
 
 
-@mistake(soft_bt_loss, "you regressed sigma(r_a - r_b) onto p with a squared error: that is not the Bradley-Terry "
-         "likelihood (its gradient vanishes for confident wrong margins)")
-def _bt_mse(r_a, r_b, p_a):
-    return ((torch.sigmoid(r_a - r_b) - p_a) ** 2).mean()
+@mistake(bt_pair_grads, "the agreement weight is |2p - 1| (0 at a tie, 1 when unanimous), not |p - 1/2|")
+def _bg_half_agreement(margins, p_a, rule):
+    return _bg(margins, p_a, rule, agree=lambda p: (p - 0.5).abs())
 
 
-@mistake(soft_bt_loss, "you weighted the majority label by the agreement |2p - 1|: that is a different rule "
-         "(confidence weighting), and it ignores pairs with a tied vote")
-def _bt_weighted_majority(r_a, r_b, p_a):
-    d = r_a - r_b
-    major = (p_a > 0.5).to(p_a.dtype)
-    w = (2 * p_a - 1).abs()
-    return (w * (major * nn.functional.softplus(-d) + (1 - major) * nn.functional.softplus(d))).mean()
+@mistake(bt_pair_grads, "you differentiated the model's confidence weight |sigma(d) - 1/2| too; the reading uses it "
+         "as a fixed per-pair weight (stop-gradient), which is what makes it push confidently wrong pairs hardest")
+def _bg_through(margins, p_a, rule):
+    return _bg(margins, p_a, rule, through=True)
+
+
+@mistake(bt_pair_grads, "you used the majority label for the soft rule: a 3-to-2 vote is then fitted as if it "
+         "were unanimous (sigma(d) - 1[p > 1/2] instead of sigma(d) - p)")
+def _bg_soft_rounded(margins, p_a, rule):
+    if rule == "soft":
+        return torch.sigmoid(margins) - (p_a > 0.5).to(margins.dtype)
+    return _bg(margins, p_a, rule)
