@@ -2,9 +2,10 @@ r"""Checkers for the exercises of chapter 19, ``lessons/19_robust_prompts.ipynb`
 
 Values are per-prompt (or per-group) rewards: lower is worse, and the adversary minimises.
 
-* ``kl_worst_case(values, eps)``: the worst case over the KL ball of radius :math:`\delta` (``eps``)
-  around the uniform distribution, :math:`q \propto e^{-v/\nu^*}` with the multiplier :math:`\nu^*`
-  solving :math:`\mathrm{KL}(q\|u) = \delta`; returns ``(value, q)``.
+* ``kl_radius(values, target)``: the KL worst case inverted: the radius :math:`\delta = \mathrm{KL}(q\|u)`
+  of the ball around the uniform distribution whose worst case :math:`\sum_i q_iv_i`, with
+  :math:`q \propto e^{-v/\nu}`, equals ``target`` (0 for a target at or above the mean,
+  :math:`\log(n/\#\text{minimisers})` at the minimum); returns ``(delta, q)``.
 * ``cvar_prompts(values, alpha)``: the mean of the worst :math:`\alpha` share of equally likely
   prompts, the boundary prompt counted fractionally.
 * ``group_dro_update(q, values, eta)``: one exponentiated-gradient step of the group adversary,
@@ -41,64 +42,80 @@ def _kl_u(q):
     return float((q[m] * (q[m] * n).log()).sum())
 
 
-# ------------------------------------------------------------------------ 1. kl_worst_case
+# ------------------------------------------------------------------------ 1. kl_radius
+# (was kl_worst_case: rlkit.dro.kl_dro, which the chapter shows, passed its check through a one-line
+# adapter; issue 23. The exercise now asks the inverse question: how large a ball brings the worst
+# case down to a given value.)
 
-def _kl_cases():
+def _kr_cases():
     g = torch.Generator().manual_seed(1901)
+    r8 = torch.rand(8, generator=g, dtype=F64)
+    ties = _t([0.2, 0.9, 0.2, 0.7, 0.5, 0.2])
     return [
-        Case(args=(_t([0.0, 1.0]), 0.1), label="two prompts, values 0 and 1, delta = 0.1"),
-        Case(args=(_t([0.2, 0.9, 0.5, 0.7]), 0.3), label="four prompts, delta = 0.3"),
-        Case(args=(torch.rand(8, generator=g, dtype=F64), 0.05), label="eight random values, delta = 0.05"),
-        Case(args=(torch.rand(8, generator=g, dtype=F64), 0.6), label="eight random values, delta = 0.6"),
+        Case(args=(_t([0.0, 1.0]), 0.25), label="hand case: values 0 and 1, target 0.25 -> q = (3/4, 1/4), "
+             "delta = 3/4 log 3/2 + 1/4 log 1/2"),
+        Case(args=(_t([0.2, 0.9, 0.5, 0.7]), 0.4), label="four prompts, target 0.4"),
+        Case(args=(r8, float(r8.min()) + 0.02), label="eight random values, target just above the minimum"),
+        Case(args=(r8, float(r8.mean()) + 0.1), label="a target at or above the mean: radius 0"),
+        Case(args=(ties, 0.2), label="three prompts tied at the minimum, target = the minimum"),
     ]
 
 
-def _kl_solve(values, eps):
-    lo, hi = math.log(1e-6), math.log(1e6)
-    for _ in range(200):
+def _kr_solve(values, target):
+    lo, hi = math.log(1e-8), math.log(1e8)
+    for _ in range(300):
         mid = 0.5 * (lo + hi)
-        if _kl_u(_tilt(values, math.exp(mid))) > eps:
+        if float((_tilt(values, math.exp(mid)) * values).sum()) < target:
             lo = mid
         else:
             hi = mid
-    return math.exp(hi)
+    return _tilt(values, math.exp(0.5 * (lo + hi)))
 
 
-@exercise(chapter=19, cases=_kl_cases, atol=1e-7,
-          description="the worst case over a KL ball around the uniform distribution (the exponential tilt)")
-def kl_worst_case(values, eps):
-    """(value, q): q proportional to exp(-values / nu*) with KL(q || uniform) = delta, the radius eps (< log n)."""
-    q = _tilt(values, _kl_solve(values, eps))
-    return (q * values).sum(), q
+@exercise(chapter=19, cases=_kr_cases, atol=1e-7,
+          description="the KL radius whose worst case equals a target value (the KL worst case, inverted)")
+def kl_radius(values, target):
+    """(delta, q): the radius delta = KL(q || uniform) whose worst case sum q v is target (>= min v)."""
+    n = values.shape[0]
+    if target >= float(values.mean()):
+        return torch.zeros((), dtype=values.dtype), torch.full_like(values, 1.0 / n)
+    at_min = values == values.min()
+    if target <= float(values.min()):
+        q = at_min.to(values.dtype) / at_min.sum()
+    else:
+        q = _kr_solve(values, target)
+    return torch.tensor(_kl_u(q), dtype=values.dtype), q
 
 
-@mistake(kl_worst_case, "the tilt has the wrong sign: q proportional to exp(+v/nu) up-weights the BEST prompts; "
-         "the adversary minimises, so the weights are exp(-v/nu)")
-def _kl_sign(values, eps):
-    q = _tilt(-values, _kl_solve(-values, eps))
-    return (q * values).sum(), q
+@mistake(kl_radius, "the KL is the wrong way round: the ball is KL(q || p) = sum q log(q / p), not KL(p || q)")
+def _kr_reverse(values, target):
+    delta, q = kl_radius(values, target)
+    n = values.shape[0]
+    return -(torch.log(q * n)).mean(), q
 
 
-@mistake(kl_worst_case, "the multiplier was fixed (nu = 1) instead of solved from KL(q_nu || p) = delta: the "
-         "dual's maximiser is what makes the tilt the worst case INSIDE the ball")
-def _kl_fixed_tau(values, eps):
-    q = _tilt(values, 1.0)
-    return (q * values).sum(), q
+@mistake(kl_radius, "you returned sum q log q, the negative entropy; the KL to the uniform distribution is "
+         "sum q log(n q) = log n + sum q log q")
+def _kr_neg_entropy(values, target):
+    delta, q = kl_radius(values, target)
+    return delta - math.log(values.shape[0]), q
 
 
-@mistake(kl_worst_case, "all the mass went to the minimum: that is the worst case with no budget; the KL ball "
-         "allows only KL(q || p) <= delta")
-def _kl_min(values, eps):
-    q = (values == values.min()).to(F64)
-    q = q / q.sum()
-    return (q * values).sum(), q
+@mistake(kl_radius, "the radius is in nats (natural logarithms), not bits")
+def _kr_bits(values, target):
+    delta, q = kl_radius(values, target)
+    return delta / math.log(2.0), q
 
 
-@mistake(kl_worst_case, "the radius was ignored and q = p returned: with delta > 0 the adversary can do worse "
-         "than the mean")
-def _kl_mean(values, eps):
-    q = torch.full_like(values, 1.0 / values.shape[0])
-    return (q * values).sum(), q
+@mistake(kl_radius, "with several prompts at the minimum the worst case spreads over all of them: the radius that "
+         "reaches the minimum is log(n / #minimisers), not log n")
+def _kr_ties(values, target):
+    delta, q = kl_radius(values, target)
+    if target <= float(values.min()):
+        q = torch.zeros_like(values)
+        q[int(torch.argmin(values))] = 1.0
+        return torch.tensor(math.log(values.shape[0]), dtype=values.dtype), q
+    return delta, q
 
 
 # ------------------------------------------------------------------------ 2. cvar_prompts
