@@ -473,9 +473,9 @@ def test_validation_errors():
 # ----------------------------------------------------------------------------------------------
 from rlkit.exercises import check, exercises, get  # noqa: E402
 
-PART2_EXERCISES = {9: ["discounted_visitation", "surrogate_objective", "tv_penalty"],
-                   10: ["augmented_transition", "mixture_visitation", "corollary31_bound"],
-                   11: ["step_level_kernel", "update_shift_estimate", "corollary42_bound"]}
+PART2_EXERCISES = {9: ["horizon_state_distributions", "surrogate_objective", "tv_penalty"],
+                   10: ["gated_augmented_transition", "mixture_visitation", "corollary31_bound"],
+                   11: ["version_shares", "update_shift_by_version", "corollary42_bound"]}
 ALL_EX = [n for names in PART2_EXERCISES.values() for n in names]
 
 
@@ -496,29 +496,86 @@ def test_exercise_references_agree_with_rlkit_tabular():
     pi2 = T.perturb_policy(pi, 1.0, generator=g)
     t = T.single_policy_terms(mdp, pi, pi2)
     A = T.advantage(mdp, pi)
-    assert torch.allclose(get("discounted_visitation").reference(T.policy_transition(mdp, pi), mdp.rho0, 0.8), t.d_old)
     assert torch.allclose(get("surrogate_objective").reference(t.d_old, pi, pi2, A, 0.8), t.surrogate)
     assert torch.allclose(get("tv_penalty").reference(t.d_old, pi, pi2, A, 0.8), t.penalty)
-    # chapter 10 against augment / static_mixture_terms
+    # chapter 9's per-step distributions against finite_horizon_state_distributions
+    fh = T.random_finite_horizon_mdp(2, 5, 4, 3, generator=g)
+    fpi = torch.softmax(torch.randn(2, 5, 4, 3, generator=g, dtype=F64), -1)
+    P_pi = torch.einsum("bhsa,bhsat->bhst", fpi, fh.P)[:, :-1]           # the kernels of steps 0 .. H-2
+    want = T.finite_horizon_state_distributions(fh, fpi)
+    assert torch.allclose(get("horizon_state_distributions").reference(P_pi, fh.rho0), want, atol=1e-12)
+    # chapter 10 against augment (gates all 1) and the identity kernel (gates all 0) / static_mixture_terms
     pols = T.random_policy((1, 3), 4, 3, generator=g)
     alpha = torch.tensor([0.2, 0.3, 0.5], dtype=F64)
     kern = T.step_kernel(torch.tensor([0.1, 0.2, 0.3], dtype=F64), torch.full((3, 3), 1 / 3, dtype=F64))
     aug, beta = T.augment(mdp[:1], pols, alpha, kern)
-    assert torch.allclose(get("augmented_transition").reference(mdp.P[0], kern), aug.P[0])
+    gated = get("gated_augmented_transition").reference
+    assert torch.allclose(gated(mdp.P[0], kern, torch.ones(4, dtype=F64)), aug.P[0])
+    aug_id, _ = T.augment(mdp[:1], pols, alpha, T.trajectory_kernel(3))
+    assert torch.allclose(gated(mdp.P[0], kern, torch.zeros(4, dtype=F64)), aug_id.P[0])
+    gate = torch.rand(4, generator=g, dtype=F64)
+    got = gated(mdp.P[0], kern, gate)
+    for s_ in range(4):                                   # a slow loop over every entry
+        for i in range(3):
+            for a_ in range(3):
+                for s2 in range(4):
+                    for i2 in range(3):
+                        q = gate[s2] * kern[i, i2] + (1 - gate[s2]) * float(i == i2)
+                        assert math.isclose(got[s_ * 3 + i, a_, s2 * 3 + i2].item(),
+                                            (mdp.P[0, s_, a_, s2] * q).item(), abs_tol=1e-14)
     aug_t, beta_t = T.augment(mdp[:1], pols, alpha, T.trajectory_kernel(3))
     d_b = T.visitation(aug_t, beta_t)[0].reshape(4, 3)
     assert torch.allclose(get("mixture_visitation").reference(mdp.P[0], mdp.rho0[0], pols[0], alpha, 0.8), d_b)
     st = T.static_mixture_terms(mdp[:1], pols, alpha, pi2[:1])
     b31 = get("corollary31_bound").reference(st.alpha, st.surrogates, st.eps, st.expected_tv, 0.8)
     assert torch.allclose(b31, st.bound)
-    # chapter 11 against step_kernel / dynamic_mixture_terms
-    sig, kap = torch.tensor([0.1, 0.9], dtype=F64), torch.tensor([[0.3, 0.7], [0.6, 0.4]], dtype=F64)
-    assert torch.allclose(get("step_level_kernel").reference(sig, kap), T.step_kernel(sig, kap))
+    # chapter 11: the version shares are the index marginal of d_beta on the augmented MDP
+    sig, kap = torch.tensor([0.1, 0.4, 0.9], dtype=F64), torch.softmax(torch.randn(3, 3, generator=g, dtype=F64), -1)
+    aug_s, beta_s = T.augment(mdp[:1], pols, alpha, T.step_kernel(sig, kap))
+    shares = T.visitation(aug_s, beta_s)[0].reshape(4, 3).sum(0)
+    assert torch.allclose(get("version_shares").reference(alpha, sig, kap, 0.8), shares, atol=1e-12)
+    # the hand-over of the chapter: version 1 acts only at the first step of half the trajectories
+    ho = get("version_shares").reference(torch.tensor([0.5, 0.5], dtype=F64), torch.tensor([1.0, 0.0], dtype=F64),
+                                         torch.tensor([[0.0, 1.0], [0.0, 1.0]], dtype=F64), 0.9)
+    assert torch.allclose(ho, torch.tensor([0.05, 0.95], dtype=F64))
     dt = T.dynamic_mixture_terms(mdp[:1], pols, alpha, kern, pols[:, -1], pi2[:1])
     b42 = get("corollary42_bound").reference(dt.surrogate, dt.eps, dt.adv_old_max, dt.U, dt.S, 0.8)
     assert torch.allclose(b42, dt.bound_cor42)
-    la, lb, l1 = torch.randn(3, 50, generator=g, dtype=F64).unbind(0)
-    assert torch.allclose(get("update_shift_estimate").reference(la, lb, l1), half_abs_ratio_diff(la, lb, l1))
+    la, lb, l1 = torch.randn(3, 60, generator=g, dtype=F64).unbind(0)
+    ver = torch.arange(60) % 4
+    by_v = get("update_shift_by_version").reference(la, lb, l1, ver, 5)
+    for v in range(4):
+        assert torch.allclose(by_v[v], half_abs_ratio_diff(la[ver == v], lb[ver == v], l1[ver == v]))
+    assert torch.isnan(by_v[4])
+    assert torch.allclose((by_v[:4] * 15).sum() / 60, half_abs_ratio_diff(la, lb, l1))   # count-weighted average
+
+
+def test_the_displayed_functions_no_longer_pass():
+    """Chapters 9-11 display visitation, augment, step_kernel and half_abs_ratio_diff, which solved the exercises
+    these replace; called as a student would call them, they now fail the checks."""
+    def horizon_state_distributions(P_pi, rho0):            # the discounted visitation of the first kernel
+        mdp = T.FiniteMDP(P_pi[..., 0, :, None, :], torch.zeros(*P_pi.shape[:-3], P_pi.shape[-1], 1, dtype=F64),
+                          rho0, 0.9)
+        d = T.visitation(mdp, torch.ones(*P_pi.shape[:-3], P_pi.shape[-1], 1, dtype=F64))
+        return d[..., None, :].expand(*P_pi.shape[:-3], P_pi.shape[-3] + 1, P_pi.shape[-1])
+    assert not check(horizon_state_distributions, verbose=False)
+
+    def gated_augmented_transition(P, kernel, gate):
+        S, A, _ = P.shape
+        M = kernel.shape[0]
+        mdp = T.FiniteMDP(P, torch.zeros(S, A, dtype=F64), torch.full((S,), 1 / S, dtype=F64), 0.9)
+        return T.augment(mdp, torch.full((M, S, A), 1 / A, dtype=F64), torch.full((M,), 1 / M, dtype=F64), kernel)[0].P
+    r = check(gated_augmented_transition, verbose=False)
+    assert not r and "the gate is ignored" in r.message
+
+    def version_shares(alpha, sigma, kappa, gamma):
+        return T.step_kernel(sigma, kappa)[..., 0, :]
+    assert not check(version_shares, verbose=False)
+
+    def update_shift_by_version(logp_new, logp_old, logp_behaviour, versions, n_versions):
+        return half_abs_ratio_diff(logp_new, logp_old, logp_behaviour).expand(n_versions)
+    r = check(update_shift_by_version, verbose=False)
+    assert not r
 
 
 # The generic checks (each reference passes its checker, each registered mistake is

@@ -1,7 +1,10 @@
 r"""Checkers for the exercises of chapter 9, ``lessons/09_single_policy_bound.ipynb``.
 
-* ``discounted_visitation(P_pi, rho0, gamma)``: the normalised discounted visitation by one linear
-  solve, :math:`(I - \gamma P_\pi)^\top d = (1 - \gamma)d_0`.
+* ``horizon_state_distributions(P_pi, rho0)``: the per-step state distributions :math:`d_{\pi,t}` of the
+  chapter's finite-horizon section, :math:`d_{\pi,t+1}^\top = d_{\pi,t}^\top P_{\pi,t}` from
+  :math:`d_{\pi,0} = d_0`, for
+  time-indexed kernels ``P_pi[..., H-1, S, S]`` (the chapter displays ``visitation``, the discounted one by a
+  linear solve, which solved the exercise this replaces, ``discounted_visitation``).
 * ``surrogate_objective(d_old, pi_old, pi_new, adv_old, gamma)``: the surrogate
   :math:`L = \frac{1}{1-\gamma} \mathbb E_{s \sim d_{old}, a \sim \pi_{old}}[\frac{\pi_{new}}{\pi_{old}} A_{old}]`.
 * ``tv_penalty(d_old, pi_old, pi_new, adv_old, gamma)``: the penalty of the single-policy bound
@@ -9,7 +12,7 @@ r"""Checkers for the exercises of chapter 9, ``lessons/09_single_policy_bound.ip
   :math:`\frac{2\gamma\omega}{(1-\gamma)^2}\mathbb E_{s\sim d_{old}}[D_{TV}]`,
   :math:`\omega = \max_s |\mathbb E_{a\sim\pi_{new}} A_{old}(s,a)|`.
 
-Shapes: ``P_pi[..., S, S]``, ``rho0``/``d_old[..., S]``, policies and advantages ``[..., S, A]``,
+Shapes: ``rho0``/``d_old[..., S]``, policies and advantages ``[..., S, A]``,
 ``gamma`` a float in [0, 1).
 """
 from __future__ import annotations
@@ -24,65 +27,72 @@ __all__: list[str] = []
 F64 = torch.float64
 
 
-# ------------------------------------------------------------------- 1. discounted_visitation
+# ---------------------------------------------------------- 1. horizon_state_distributions
 
-def _vis_cases():
-    g = torch.Generator().manual_seed(909)
-    P2 = torch.tensor([[0.75, 0.25], [0.25, 0.75]], dtype=F64)
-    mdp = T.random_mdp(4, 5, 3, 0.9, generator=g)
-    Ppi = T.policy_transition(mdp, T.random_policy(4, 5, 3, generator=g))
-    mdp2 = T.random_mdp((2, 3), 4, 2, 0.5, peakiness=5.0, generator=g)
-    Ppi2 = T.policy_transition(mdp2, T.random_policy((2, 3), 4, 2, generator=g))
-    return [
-        Case(args=(P2, torch.tensor([1.0, 0.0], dtype=F64), 0.9),
-             label="the two-state chain of the chapter: d = (13/22, 9/22)"),
-        Case(args=(Ppi, mdp.rho0, 0.9), label="4 random MDPs, 5 states"),
-        Case(args=(Ppi2, mdp2.rho0, 0.5), label="[2, 3] random MDPs, gamma = 0.5"),
-    ]
-
-
-@exercise(chapter=9, cases=_vis_cases, atol=1e-9,
-          description="Normalised discounted state visitation by one linear solve.")
-def discounted_visitation(P_pi, rho0, gamma):
-    r""":math:`d = (1-\gamma)\,(I - \gamma P_\pi)^{-\top} d_0`;
-    ``P_pi[..., S, S]``, ``rho0[..., S]`` -> ``[..., S]``."""
-    sizes = V.layout("... S S", floating=True, P_pi=P_pi)
-    V.layout("... S", sizes, floating=True, rho0=rho0)
-    gamma = V.real_in(gamma, "gamma", 0.0, 1.0, hi_open=True)
+def discounted_visitation_reference(P_pi, rho0, gamma):
+    r""":math:`d = (1-\gamma)\,(I - \gamma P_\pi)^{-\top} d_0` (eq-ch09-visitation; chapter 10's checkers use it)."""
     eye = torch.eye(P_pi.shape[-1], dtype=P_pi.dtype)
     lhs = (eye - gamma * P_pi).transpose(-1, -2)
     return torch.linalg.solve(lhs, ((1 - gamma) * rho0)[..., None])[..., 0]
 
 
-@mistake(discounted_visitation, "the factor (1 - gamma) is missing: your d sums to 1/(1 - gamma) "
-         "instead of 1. The book's d_pi is normalised, which is why J = E_d[r] / (1 - gamma)")
-def _vis_unnormalised(P_pi, rho0, gamma):
-    return discounted_visitation(P_pi, rho0, gamma) / (1 - gamma)
+def _hsd_cases():
+    g = torch.Generator().manual_seed(909)
+    P2 = torch.tensor([[[0.75, 0.25], [0.25, 0.75]], [[0.0, 1.0], [1.0, 0.0]]], dtype=F64)
+
+    def kernels(*shape):
+        return torch.softmax(3 * torch.randn(*shape, generator=g, dtype=F64), -1)
+
+    return [
+        Case(args=(P2, torch.tensor([1.0, 0.0], dtype=F64)),
+             label="H = 3 on two states: the chapter's chain, then a swap: (1, 0), (3/4, 1/4), (1/4, 3/4)"),
+        Case(args=(kernels(5, 4, 4), torch.softmax(torch.randn(4, generator=g, dtype=F64), -1)),
+             label="H = 6, 4 states, a fresh kernel at every step"),
+        Case(args=(kernels(2, 3, 3, 5, 5), torch.softmax(torch.randn(2, 5, generator=g, dtype=F64), -1)[:, None]
+                   .expand(2, 3, 5)), label="a [2, 3] batch of policies, H = 4, 5 states"),
+        Case(args=(torch.zeros(0, 3, 3, dtype=F64), torch.tensor([0.2, 0.3, 0.5], dtype=F64)),
+             label="H = 1: no step at all, d_0 only"),
+    ]
 
 
-@mistake(discounted_visitation, "you solved (I - gamma P_pi) x = (1 - gamma) rho0, the system of a "
-         "VALUE function; probability mass flows forward, d^T = (1 - gamma) rho0^T (I - gamma P_pi)^-1, "
-         "so the matrix must be transposed")
-def _vis_not_transposed(P_pi, rho0, gamma):
-    return discounted_visitation(P_pi.transpose(-1, -2), rho0, gamma)
+def _hsd(P_pi, rho0, *, transpose=False, first_only=False, reverse=False):
+    H = P_pi.shape[-3] + 1
+    out = [rho0]
+    for t in range(H - 1):
+        k = 0 if first_only else (H - 2 - t if reverse else t)
+        Pt = P_pi[..., k, :, :]
+        if transpose:
+            Pt = Pt.transpose(-1, -2)
+        out.append((out[-1][..., None, :] @ Pt)[..., 0, :])
+    return torch.stack(out, -2)
 
 
-@mistake(discounted_visitation, "the t = 0 term (1 - gamma) rho0 is missing: the sum over time starts at the "
-         "initial state, sum_{t >= 0} gamma^t Pr(s_t = s)")
-def _vis_from_t1(P_pi, rho0, gamma):
-    return discounted_visitation(P_pi, rho0, gamma) - (1 - gamma) * rho0
+@exercise(chapter=9, cases=_hsd_cases, atol=1e-12,
+          description="The per-step state distributions of a finite-horizon MDP, by forward propagation.")
+def horizon_state_distributions(P_pi, rho0):
+    r""":math:`d_{\pi,0} = d_0`, :math:`d_{\pi,t+1}^\top = d_{\pi,t}^\top P_{\pi,t}`;
+    ``P_pi[..., H-1, S, S]`` (the kernel of each step), ``rho0[..., S]`` -> ``[..., H, S]``."""
+    sizes = V.layout("... K S S", floating=True, P_pi=P_pi)
+    V.layout("... S", {"S": sizes["S"]}, floating=True, rho0=rho0)
+    return _hsd(P_pi, rho0)
 
 
-@mistake(discounted_visitation, "you averaged the state distribution over the first 1/(1 - gamma) "
-         "steps with equal weights; the weights are (1 - gamma) gamma^t for every t")
-def _vis_undiscounted_weights(P_pi, rho0, gamma):
-    # (1 - gamma) sum_t P^t rho0 with the gamma^t weights forgotten, truncated at 1/(1-gamma) steps
-    H = int(round(1 / (1 - gamma)))
-    mu, out = rho0.clone(), torch.zeros_like(rho0)
-    for _ in range(H):
-        out = out + mu / H
-        mu = (mu[..., None, :] @ P_pi)[..., 0, :]
-    return out
+@mistake(horizon_state_distributions, "probability mass flows forward: d_{t+1}^T = d_t^T P_{pi,t} (a row vector "
+         "times the kernel); P_{pi,t} d_t is the backward step of a value recursion")
+def _hsd_transposed(P_pi, rho0):
+    return _hsd(P_pi, rho0, transpose=True)
+
+
+@mistake(horizon_state_distributions, "every step has its own kernel P_{pi,t} (the policy is time-indexed and so is "
+         "the MDP); you used the first one at every step")
+def _hsd_first_only(P_pi, rho0):
+    return _hsd(P_pi, rho0, first_only=True)
+
+
+@mistake(horizon_state_distributions, "the kernels were applied in reverse order: step t's distribution goes "
+         "through P_{pi,0}, then P_{pi,1}, ..., P_{pi,t-1}")
+def _hsd_reversed(P_pi, rho0):
+    return _hsd(P_pi, rho0, reverse=True)
 
 
 # --------------------------------------------------------------------- 2. surrogate_objective

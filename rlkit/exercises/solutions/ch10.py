@@ -1,7 +1,10 @@
 r"""Checkers for the exercises of chapter 10, ``lessons/10_static_mixtures.ipynb``.
 
-* ``augmented_transition(P, kernel)``: the kernel of the augmented MDP on :math:`S \times I`,
-  :math:`\tilde P((s',i') | (s,i), a) = P(s'|s,a)\, q(i'|i)`, flat index ``s * M + i``.
+* ``gated_augmented_transition(P, kernel, gate)``: the kernel of the augmented MDP on :math:`S \times I` when
+  the version may switch only on entering some states,
+  :math:`\tilde P((s',i') | (s,i), a) = P(s'|s,a)\,(g(s')\,q(i'|i) + (1-g(s'))\mathbf 1\{i'=i\})`, flat index
+  ``s * M + i`` (the chapter displays ``augment``, the case :math:`g = 1`, which solved the exercise this
+  replaces, ``augmented_transition``).
 * ``mixture_visitation(P, rho0, policies, alpha, gamma)``: the visitation of a trajectory-level
   mixture on the augmented space, :math:`d_\beta(s, i) = \alpha_i d_{\pi^{(i)}}(s)`, shape ``[S, M]``.
 * ``corollary31_bound(alpha, surrogates, eps, expected_tv, gamma)``: the right-hand side of the
@@ -15,13 +18,13 @@ import torch
 from rlkit import _validate as V
 from rlkit import tabular as T
 from rlkit.exercises import Case, exercise, mistake
-from rlkit.exercises.solutions.ch09 import discounted_visitation
+from rlkit.exercises.solutions.ch09 import discounted_visitation_reference as discounted_visitation
 
 __all__: list[str] = []
 F64 = torch.float64
 
 
-# ------------------------------------------------------------------- 1. augmented_transition
+# ------------------------------------------------------------- 1. gated_augmented_transition
 
 def _aug_cases():
     g = torch.Generator().manual_seed(1010)
@@ -30,42 +33,66 @@ def _aug_cases():
     mdp = T.random_mdp(1, 3, 2, 0.9, generator=g)
     q2 = T.step_kernel(torch.tensor([0.3, 0.6, 0.1], dtype=F64),
                        torch.softmax(torch.randn(3, 3, generator=g, dtype=F64), -1))
+    mdp4 = T.random_mdp(1, 4, 3, 0.9, generator=g)
     return [
-        Case(args=(P1, q1), label="2 states x 2 versions; version 0 switches to 1 w.p. 1/2"),
-        Case(args=(mdp.P[0], q2), label="3 states x 3 versions, a random step-level kernel"),
+        Case(args=(P1, q1, torch.tensor([1.0, 0.0], dtype=F64)),
+             label="2 states x 2 versions; a switch is possible only on entering state 0"),
+        Case(args=(mdp.P[0], q2, torch.tensor([0.0, 1.0, 0.5], dtype=F64)),
+             label="3 states x 3 versions, a random step-level kernel, gates (0, 1, 1/2)"),
+        Case(args=(mdp.P[0], q2, torch.ones(3, dtype=F64)),
+             label="gates all 1: the augmented kernel of eq-ch10-augmented"),
+        Case(args=(mdp4.P[0], q2, torch.zeros(4, dtype=F64)), label="gates all 0: the index never changes"),
+        Case(args=(mdp4.P[0], q2, torch.rand(4, generator=g, dtype=F64)), label="4 states x 3 versions, random gates"),
     ]
 
 
-@exercise(chapter=10, cases=_aug_cases, atol=1e-12, description="Transition kernel of the augmented MDP on S x I.")
-def augmented_transition(P, kernel):
-    r""":math:`\tilde P[sM+i, a, s'M+i'] = P[s,a,s']\,q[i,i']`;
-    ``P[S, A, S]``, ``kernel[M, M]`` -> ``[S*M, A, S*M]``."""
-    V.layout("S A S", floating=True, P=P)
-    V.layout("M M", floating=True, kernel=kernel)
+def _gated(P, kernel, gate, *, on_current=False, flip=False, transpose=False):
     S, A, _ = P.shape
     M = kernel.shape[0]
-    out = P[:, None, :, :, None] * kernel[None, :, None, None, :]     # [S, M, A, S, M]
+    q = kernel.T if transpose else kernel
+    eye = torch.eye(M, dtype=kernel.dtype)
+    g = 1 - gate if flip else gate
+    mix = g[:, None, None] * q + (1 - g)[:, None, None] * eye          # [s, i, i'], the gate of state s
+    if on_current:
+        out = P[:, None, :, :, None] * mix[:, :, None, None, :]           # gate of the current state s
+    else:
+        out = P[:, None, :, :, None] * mix.permute(1, 0, 2)[None, :, None, :, :]   # gate of the next state s'
     return out.reshape(S * M, A, S * M)
 
 
-@mistake(augmented_transition, "the kernel is transposed: row i of q is the distribution q(.|i) of "
+@exercise(chapter=10, cases=_aug_cases, atol=1e-12,
+          description="The augmented kernel when versions may switch only on entering some states.")
+def gated_augmented_transition(P, kernel, gate):
+    r""":math:`\tilde P[sM+i, a, s'M+i'] = P[s,a,s']\,\big(g(s')\,q[i,i'] + (1-g(s'))\,\mathbf 1\{i'=i\}\big)`;
+    ``P[S, A, S]``, ``kernel[M, M]``, ``gate[S]`` -> ``[S*M, A, S*M]``."""
+    sizes = V.layout("S A S", floating=True, P=P)
+    V.layout("M M", floating=True, kernel=kernel)
+    V.layout("S", {"S": sizes["S"]}, floating=True, gate=gate)
+    return _gated(P, kernel, gate)
+
+
+@mistake(gated_augmented_transition, "the gate is ignored: that is the augmented kernel of eq-ch10-augmented "
+         "(what rlkit.tabular.augment builds); the index may switch only on entering a state s' with g(s') > 0")
+def _aug_no_gate(P, kernel, gate):
+    return _gated(P, kernel, torch.ones_like(gate))
+
+
+@mistake(gated_augmented_transition, "the gate belongs to the NEXT state s' (the switch happens on entering it), "
+         "not to the current state s")
+def _aug_gate_current(P, kernel, gate):
+    return _gated(P, kernel, gate, on_current=True)
+
+
+@mistake(gated_augmented_transition, "g(s') is the probability that the kernel applies: the index follows "
+         "q(.|i) with weight g(s') and stays with weight 1 - g(s'), not the other way round")
+def _aug_gate_flipped(P, kernel, gate):
+    return _gated(P, kernel, gate, flip=True)
+
+
+@mistake(gated_augmented_transition, "the kernel is transposed: row i of q is the distribution q(.|i) of "
          "the NEXT index given the current one, so the factor is kernel[i, i']")
-def _aug_kernel_transposed(P, kernel):
-    return augmented_transition(P, kernel.T.contiguous())
-
-
-@mistake(augmented_transition, "the flat index is i * S + s (version-major); the book's layout is "
-         "s * M + i, so that x.reshape(S, M) recovers (s, i)")
-def _aug_index_major(P, kernel):
-    S, A, _ = P.shape
-    out = kernel[:, None, None, :, None] * P[None, :, :, None, :]     # [M, S, A, M, S]
-    return out.reshape(kernel.shape[0] * S, A, kernel.shape[0] * S)
-
-
-@mistake(augmented_transition, "the index never changes in your kernel (trajectory-level mixing); "
-         "multiply by q(i'|i) so that step-level kernels switch versions")
-def _aug_identity(P, kernel):
-    return augmented_transition(P, torch.eye(kernel.shape[0], dtype=kernel.dtype))
+def _aug_kernel_transposed(P, kernel, gate):
+    return _gated(P, kernel, gate, transpose=True)
 
 
 # --------------------------------------------------------------------- 2. mixture_visitation

@@ -1,8 +1,12 @@
 r"""Checkers for the exercises of chapter 11, ``lessons/11_dynamic_mixing.ipynb``.
 
-* ``step_level_kernel(sigma, kappa)``: :math:`q(i'|i) = (1-\sigma_i)\mathbf 1\{i'=i\} + \sigma_i\kappa(i'|i)`.
-* ``update_shift_estimate(logp_new, logp_old, logp_behaviour)``: the sample estimate of
-  :math:`U_k = \tfrac12\mathbb E|\rho_{k+1} - \rho_k|` (the ratio lemma, lem-ch11-ratio), mean over the last dimension.
+The chapter displays ``step_kernel`` and ``half_abs_ratio_diff``, which solved the exercises these replace
+(``step_level_kernel``, ``update_shift_estimate``); each now asks for a variant:
+
+* ``version_shares(alpha, sigma, kappa, gamma)``: the share of the discounted visitation that each version
+  generates under the step-level kernel :math:`q`, :math:`(1-\gamma)\,\alpha^\top(I-\gamma q)^{-1}`.
+* ``update_shift_by_version(logp_new, logp_old, logp_behaviour, versions, n_versions)``: the sample estimate of
+  :math:`U_k = \tfrac12\mathbb E|\rho_{k+1} - \rho_k|` (lem-ch11-ratio) for the samples of each behaviour version.
 * ``corollary42_bound(surrogate, eps, adv_inf, U, S, gamma)``: the right-hand side of eq-ch11-cor
   (cor-ch11-split; the name keeps the article's numbering, Corollary 4.2).
 """
@@ -17,100 +21,147 @@ __all__: list[str] = []
 F64 = torch.float64
 
 
-# ---------------------------------------------------------------------- 1. step_level_kernel
+# ------------------------------------------------------------------------- 1. version_shares
 
-def _sk_cases():
+def _kernel(sigma, kappa, swap=False):
+    eye = torch.eye(sigma.shape[-1], dtype=kappa.dtype)
+    stay, move = (sigma, 1 - sigma) if swap else (1 - sigma, sigma)
+    return stay[..., :, None] * eye + move[..., :, None] * kappa
+
+
+def _shares(alpha, sigma, kappa, gamma, *, transpose=True, normalise=True, swap=False):
+    q = _kernel(sigma, kappa, swap)
+    M = alpha.shape[-1]
+    lhs = torch.eye(M, dtype=q.dtype) - gamma * q
+    x = torch.linalg.solve(lhs.transpose(-1, -2) if transpose else lhs, alpha[..., None])[..., 0]
+    return (1 - gamma) * x if normalise else x
+
+
+def _vs_cases():
     g = torch.Generator().manual_seed(1110)
+    fwd = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [0.0, 0.0, 1.0]], dtype=F64)
     return [
-        Case(args=(torch.tensor([0.0, 0.5], dtype=F64), torch.tensor([[0.0, 1.0], [1.0, 0.0]], dtype=F64)),
-             label="2 versions: version 0 never switches, version 1 switches to 0 w.p. 1/2"),
-        Case(args=(torch.rand(4, generator=g, dtype=F64),
-                   torch.softmax(torch.randn(4, 4, generator=g, dtype=F64), -1)), label="4 versions, random"),
-        Case(args=(torch.rand(3, 3, generator=g, dtype=F64),
-                   torch.softmax(torch.randn(3, 3, 3, generator=g, dtype=F64), -1)), label="a batch of 3 kernels"),
+        Case(args=(torch.tensor([0.5, 0.5], dtype=F64), torch.tensor([1.0, 0.0], dtype=F64),
+                   torch.tensor([[0.0, 1.0], [0.0, 1.0]], dtype=F64), 0.9),
+             label="the hand-over: half start with version 1, which hands over after one step; gamma = 0.9"),
+        Case(args=(torch.softmax(torch.randn(4, generator=g, dtype=F64), -1), torch.rand(4, generator=g, dtype=F64),
+                   torch.softmax(torch.randn(4, 4, generator=g, dtype=F64), -1), 0.8), label="4 versions, random"),
+        Case(args=(torch.tensor([0.6, 0.3, 0.1], dtype=F64), torch.tensor([0.2, 0.2, 0.0], dtype=F64), fwd, 0.95),
+             label="in-flight updates: versions move forward w.p. 0.2 per step, the newest stays"),
+        Case(args=(torch.tensor([0.2, 0.8], dtype=F64), torch.zeros(2, dtype=F64),
+                   torch.tensor([[0.0, 1.0], [1.0, 0.0]], dtype=F64), 0.9),
+             label="sigma = 0: trajectory-level mixing, the shares are alpha"),
+        Case(args=(torch.softmax(torch.randn(3, 3, generator=g, dtype=F64), -1),
+                   torch.rand(3, 3, generator=g, dtype=F64),
+                   torch.softmax(torch.randn(3, 3, 3, generator=g, dtype=F64), -1), 0.5),
+             label="a batch of 3 mixtures"),
     ]
 
 
-@exercise(chapter=11, cases=_sk_cases, atol=1e-12, description="The step-level index kernel of a dynamic mixture.")
-def step_level_kernel(sigma, kappa):
-    r""":math:`q = (1-\sigma_i)\,I + \sigma_i\,\kappa(\cdot|i)`;
-    ``sigma[..., M]``, ``kappa[..., M, M]`` -> ``[..., M, M]``."""
-    sizes = V.layout("... M", floating=True, sigma=sigma)
+@exercise(chapter=11, cases=_vs_cases, atol=1e-10,
+          description="The share of the discounted visitation each version generates under step-level mixing.")
+def version_shares(alpha, sigma, kappa, gamma):
+    r""":math:`\sum_s d_{\beta}(s, i) = (1-\gamma)\,[\alpha^\top(I - \gamma q)^{-1}]_i` with the step-level kernel
+    :math:`q`; ``alpha[..., M]``, ``sigma[..., M]``, ``kappa[..., M, M]`` -> ``[..., M]``."""
+    sizes = V.layout("... M", floating=True, alpha=alpha, sigma=sigma)
     V.layout("... M M", sizes, floating=True, kappa=kappa)
-    eye = torch.eye(sigma.shape[-1], dtype=kappa.dtype)
-    return (1 - sigma)[..., :, None] * eye + sigma[..., :, None] * kappa
+    gamma = V.real_in(gamma, "gamma", 0.0, 1.0, hi_open=True)
+    return _shares(alpha, sigma, kappa, gamma)
 
 
-@mistake(step_level_kernel, "sigma is indexed by the CURRENT version i (the row): sigma[..., :, None], "
-         "not sigma[..., None, :]; each row q(.|i) must sum to 1")
-def _sk_columns(sigma, kappa):
-    eye = torch.eye(sigma.shape[-1], dtype=kappa.dtype)
-    return (1 - sigma)[..., None, :] * eye + sigma[..., None, :] * kappa
+@mistake(version_shares, "the shares alpha only say which version takes the FIRST step; afterwards the kernel "
+         "decides who acts, so the visitation's shares are (1 - gamma) alpha^T (I - gamma q)^{-1}")
+def _vs_alpha(alpha, sigma, kappa, gamma):
+    return alpha.clone()
 
 
-@mistake(step_level_kernel, "the roles of sigma and 1 - sigma are swapped: sigma(i) is the probability of "
+@mistake(version_shares, "the factor (1 - gamma) is missing: the shares of the normalised visitation sum to 1")
+def _vs_unnormalised(alpha, sigma, kappa, gamma):
+    return _shares(alpha, sigma, kappa, gamma, normalise=False)
+
+
+@mistake(version_shares, "you solved (I - gamma q) x = alpha; the shares are a ROW vector, alpha^T (I - gamma q)^{-1}, "
+         "so the system has the transposed matrix (I - gamma q)^T")
+def _vs_not_transposed(alpha, sigma, kappa, gamma):
+    return _shares(alpha, sigma, kappa, gamma, transpose=False)
+
+
+@mistake(version_shares, "the roles of sigma and 1 - sigma are swapped: sigma(i) is the probability of "
          "SWITCHING, so the identity gets weight 1 - sigma(i)")
-def _sk_swapped(sigma, kappa):
-    eye = torch.eye(sigma.shape[-1], dtype=kappa.dtype)
-    return sigma[..., :, None] * eye + (1 - sigma)[..., :, None] * kappa
+def _vs_swapped(alpha, sigma, kappa, gamma):
+    return _shares(alpha, sigma, kappa, gamma, swap=True)
 
 
-@mistake(step_level_kernel, "a switch draws the next version from kappa(.|i), not uniformly")
-def _sk_uniform(sigma, kappa):
-    return step_level_kernel(sigma, torch.full_like(kappa, 1.0 / sigma.shape[-1]))
+# ------------------------------------------------------------- 2. update_shift_by_version
+
+def _ub(logp_new, logp_old, logp_behaviour, versions, n_versions, *, half=0.5, pooled=False, fn=None):
+    d = half * (torch.exp(logp_new - logp_behaviour) - torch.exp(logp_old - logp_behaviour)).abs() if fn is None \
+        else fn(logp_new, logp_old, logp_behaviour)
+    out = torch.full((n_versions,), float("nan"), dtype=logp_new.dtype)
+    for v in range(n_versions):
+        sel = versions == v
+        if sel.any():
+            out[v] = d.mean() if pooled else d[sel].mean()
+    return out
 
 
-# ------------------------------------------------------------------ 2. update_shift_estimate
-
-def _u_cases():
+def _ub_cases():
     g = torch.Generator().manual_seed(1120)
 
-    def logs(*shape, scale=0.5):
-        lb = -torch.rand(*shape, generator=g, dtype=F64) * 3
-        lo = lb + scale * torch.randn(*shape, generator=g, dtype=F64)
-        ln = lo + scale * torch.randn(*shape, generator=g, dtype=F64)
-        return ln, lo, lb
+    def logs(n, n_versions, scale=0.5):
+        lb = -torch.rand(n, generator=g, dtype=F64) * 3
+        ver = torch.randint(0, n_versions, (n,), generator=g)
+        lo = lb + scale * (ver + 1).to(F64) * torch.randn(n, generator=g, dtype=F64)   # older data, larger shift
+        ln = lo + scale * torch.randn(n, generator=g, dtype=F64)
+        return ln, lo, lb, ver, n_versions
 
+    two = (torch.log(torch.tensor([1.0, 0.25, 0.5], dtype=F64)), torch.log(torch.tensor([0.5, 0.5, 0.5], dtype=F64)),
+           torch.log(torch.tensor([0.5, 0.5, 0.25], dtype=F64)), torch.tensor([0, 0, 1]), 2)
+    ln, lo, lb, ver, _ = logs(300, 3)
     return [
-        Case(args=(torch.log(torch.tensor([1.0, 0.25], dtype=F64)), torch.log(torch.tensor([0.5, 0.5], dtype=F64)),
-                   torch.log(torch.tensor([0.5, 0.5], dtype=F64))),
-             label="two samples: ratios (2, 0.5) vs (1, 1) -> 1/2 * mean(1, 0.5) = 0.375"),
-        Case(args=logs(1000), label="1000 samples"),
-        Case(args=logs(4, 250, scale=1.0), label="4 batches of 250 samples, larger shifts"),
+        Case(args=two, label="three samples: version 0 has ratios (2, 0.5) vs (1, 1), version 1 has 2 vs 2"),
+        Case(args=logs(1000, 3), label="1000 samples of 3 versions"),
+        Case(args=(ln, lo, lb, torch.where(ver == 1, torch.zeros_like(ver), ver), 3),
+             label="300 samples, no sample of version 1 (NaN there)"),
+        Case(args=logs(400, 5, scale=1.0), label="400 samples of 5 versions, larger shifts"),
     ]
 
 
-@exercise(chapter=11, cases=_u_cases, atol=1e-10, description="U_k from samples (ratio lemma, lem-ch11-ratio).")
-def update_shift_estimate(logp_new, logp_old, logp_behaviour):
-    r"""Over the last dimension,
-    :math:`\hat U = \frac12\,\mathrm{mean}\,|e^{\log\pi_{k+1}-\log\pi^{(i)}} - e^{\log\pi_k-\log\pi^{(i)}}|`."""
+@exercise(chapter=11, cases=_ub_cases, atol=1e-10, description="U_k per behaviour version (ratio lemma).")
+def update_shift_by_version(logp_new, logp_old, logp_behaviour, versions, n_versions):
+    r"""For each version :math:`v`: :math:`\tfrac12\,\mathrm{mean}_{\text{samples of } v}|\rho_{k+1} - \rho_k|`
+    (NaN if none); 1-D inputs, ``versions`` an int tensor of the same length; returns ``[n_versions]``."""
     V.matching_floats(logp_new=logp_new, logp_old=logp_old, logp_behaviour=logp_behaviour)
-    rho_new = torch.exp(logp_new - logp_behaviour)
-    rho_old = torch.exp(logp_old - logp_behaviour)
-    return 0.5 * (rho_new - rho_old).abs().mean(-1)
+    return _ub(logp_new, logp_old, logp_behaviour, versions, n_versions)
 
 
-@mistake(update_shift_estimate, "the ratio lemma has a factor 1/2: D_TV is half the L1 distance")
-def _u_no_half(logp_new, logp_old, logp_behaviour):
-    return 2 * update_shift_estimate(logp_new, logp_old, logp_behaviour)
+@mistake(update_shift_by_version, "the ratio lemma has a factor 1/2: D_TV is half the L1 distance")
+def _ub_no_half(*a):
+    return _ub(*a, half=1.0)
 
 
-@mistake(update_shift_estimate, "you used the incremental ratio pi_{k+1}/pi_k alone; the samples come from "
+@mistake(update_shift_by_version, "you averaged over the whole batch, not over the samples of that version: each "
+         "version's U_k is a mean over its own samples (the batch's U_k is their share-weighted average)")
+def _ub_pooled(*a):
+    return _ub(*a, pooled=True)
+
+
+@mistake(update_shift_by_version, "you used the incremental ratio pi_{k+1}/pi_k alone; the samples come from "
          "pi^(i), so each |r - 1| must be weighted by rho_k: |rho_{k+1} - rho_k| = rho_k |r - 1|")
-def _u_incremental(logp_new, logp_old, logp_behaviour):
-    return update_shift_estimate(logp_new, logp_old, logp_old)
+def _ub_incremental(*a):
+    return _ub(*a, fn=lambda ln, lo, lb: 0.5 * (torch.exp(ln - lo) - 1).abs())
 
 
-@mistake(update_shift_estimate, "the absolute value is missing: the mean of rho_{k+1} - rho_k estimates "
+@mistake(update_shift_by_version, "the absolute value is missing: the mean of rho_{k+1} - rho_k estimates "
          "sum_a (pi_{k+1} - pi_k) = 0, not a distance")
-def _u_no_abs(logp_new, logp_old, logp_behaviour):
-    return 0.5 * (torch.exp(logp_new - logp_behaviour) - torch.exp(logp_old - logp_behaviour)).mean(-1)
+def _ub_no_abs(*a):
+    return _ub(*a, fn=lambda ln, lo, lb: 0.5 * (torch.exp(ln - lb) - torch.exp(lo - lb)))
 
 
-@mistake(update_shift_estimate, "you averaged |log rho_{k+1} - log rho_k|: a log-ratio difference is not the "
+@mistake(update_shift_by_version, "you averaged |log rho_{k+1} - log rho_k|: a log-ratio difference is not the "
          "ratio difference of the ratio lemma (form the log-ratios, then exponentiate before subtracting)")
-def _u_log_space(logp_new, logp_old, logp_behaviour):
-    return 0.5 * (logp_new - logp_old).abs().mean(-1)
+def _ub_log_space(*a):
+    return _ub(*a, fn=lambda ln, lo, lb: 0.5 * (ln - lo).abs())
 
 
 # ---------------------------------------------------------------------- 3. corollary42_bound
