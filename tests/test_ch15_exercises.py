@@ -7,9 +7,8 @@ and a closed-form geometric sum; every registered mistake must be caught and rep
 cause; the functions the chapter displays (turn_returns, turn_advantages), called as a student would,
 fail the checks of the exercises that now ask for a variant.
 """
-import torch
-
 import pytest
+import torch
 
 from rlkit.exercises import check, exercises, get, self_check
 from rlkit.llm.multiturn import episode_layout, turn_advantages, turn_returns
