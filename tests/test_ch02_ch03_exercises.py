@@ -14,7 +14,7 @@ import torch
 from rlkit.exercises import check, exercises, get
 
 CH02 = ["k_step_advantage", "gae_advantages", "lambda_average", "optimal_constant_baseline"]
-CH03 = ["importance_sampling_estimate", "chi_square_divergence", "ess_from_log_weights", "geometric_mean_ratio"]
+CH03 = ["importance_sampling_estimate", "chi_square_divergence", "ess_from_log_weights", "gspo_sequence_loss"]
 ALL = CH02 + CH03
 
 
@@ -175,7 +175,8 @@ def test_optimal_constant_baseline_minimises_the_summed_variance():
     ("importance_sampling_estimate", (torch.zeros(3), torch.zeros(3), torch.zeros(4)), ValueError),
     ("chi_square_divergence", (torch.zeros(3), torch.zeros(3, dtype=torch.int64)), TypeError),
     ("ess_from_log_weights", (torch.tensor([1, 2]),), TypeError),
-    ("geometric_mean_ratio", (torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 2)), ValueError),
+    ("gspo_sequence_loss", (torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 2), torch.zeros(2), 0.2), ValueError),
+    ("gspo_sequence_loss", (torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 3), torch.zeros(3), 0.2), ValueError),
 ])
 def test_references_validate_input(name, args, err):
     with pytest.raises(err):
@@ -279,20 +280,32 @@ def test_ess_in_float32_is_accurate_at_large_log_weights():
     assert float(effective_sample_size(torch.full((3,), -math.inf))) == 0.0
 
 
-def test_geometric_mean_ratio_matches_library_and_hand_case():
+def test_gspo_sequence_loss_against_the_library_ratio_a_slow_loop_and_the_displayed_function():
+    from rlkit.exercises import check, self_check
     from rlkit.offpolicy import importance_ratio
 
-    geo = get("geometric_mean_ratio").reference
+    loss = get("gspo_sequence_loss").reference
     g = torch.Generator().manual_seed(8)
     lo = -torch.rand(3, 6, generator=g, dtype=torch.float64) * 2
     ln = lo + 0.2 * torch.randn(3, 6, generator=g, dtype=torch.float64)
     mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0]], dtype=torch.bool)
-    assert torch.allclose(geo(ln, lo, mask), importance_ratio(ln, lo, mask, level="geometric"), atol=1e-12)
-    # ratios 2 and 1/2 -> 1; (ratio)^(1/|y|) of the product, by hand
-    out = geo(torch.log(torch.tensor([[0.5, 0.2]])), torch.log(torch.tensor([[0.25, 0.4]])), torch.ones(1, 2))
-    assert math.isclose(float(out), 1.0, rel_tol=1e-6)
-    prod = float(torch.exp((ln[1, :2] - lo[1, :2]).sum()))
-    assert math.isclose(float(geo(ln, lo, mask)[1]), prod ** 0.5, rel_tol=1e-10)
+    adv = torch.tensor([1.0, -0.5, 2.0], dtype=torch.float64)
+    for eps in (0.01, 0.2, 0.9):
+        s = importance_ratio(ln, lo, mask, level="geometric")
+        want = [-min(float(si) * a, min(max(float(si), 1 - eps), 1 + eps) * a) for si, a in zip(s, adv.tolist())]
+        assert torch.allclose(loss(ln, lo, mask, adv, eps), torch.tensor(want, dtype=torch.float64), atol=1e-12)
+    # token ratios 2 and 1/2 -> s = 1 -> loss -A whatever eps; an empty response has s = 1 too
+    out = loss(torch.log(torch.tensor([[0.5, 0.2], [0.3, 0.3]])), torch.log(torch.tensor([[0.25, 0.4], [0.1, 0.9]])),
+               torch.tensor([[1.0, 1.0], [0.0, 0.0]]), torch.tensor([1.5, -2.0]), 0.1)
+    assert torch.allclose(out, torch.tensor([-1.5, 2.0]), atol=1e-6)
+    assert self_check("gspo_sequence_loss") == []
+    causes = [m.cause for m in get("gspo_sequence_loss").mistakes]
+    assert len(causes) >= 3 and len(set(causes)) == len(causes)
+
+    def gspo_sequence_loss(logp_new, logp_old, mask, advantages, eps):     # the displayed function, as is
+        return importance_ratio(logp_new, logp_old, mask, level="geometric")
+
+    assert not check(gspo_sequence_loss, verbose=False)
 
 
 # The generic checks (each reference passes its checker, each registered mistake is

@@ -9,8 +9,10 @@ variants whose outputs :func:`rlkit.exercises.check` recognises ("likely cause: 
   the variance of the importance weight under :math:`q`.
 * ``ess_from_log_weights(log_w)``: Kish's effective sample size :math:`(\sum w)^2/\sum w^2`,
   computed in log space.
-* ``geometric_mean_ratio(logp_new, logp_old, mask)``: the length-normalised sequence ratio of
-  GSPO, :math:`\exp\big(\frac{1}{|y|}\sum_t m_t(\log\pi_{\text{new}} - \log\pi_{\text{old}})\big)`.
+* ``gspo_sequence_loss(logp_new, logp_old, mask, advantages, eps)``: GSPO's clipped loss per response,
+  :math:`-\min\big(s\hat A,\ \mathrm{clip}(s, 1-\epsilon, 1+\epsilon)\hat A\big)` with the length-normalised
+  ratio :math:`s = \exp\big(\frac{1}{|y|}\sum_t m_t(\log\pi_{\text{new}} - \log\pi_{\text{old}})\big)`. (The
+  chapter displays ``rlkit.offpolicy.importance_ratio``, whose ``level="geometric"`` is :math:`s` itself.)
 """
 from __future__ import annotations
 
@@ -194,55 +196,81 @@ def _ess_unnormalised(log_w):
     return log_w.shape[-1] / (w ** 2).mean(-1)
 
 
-# ------------------------------------------------------------------- 4. geometric_mean_ratio
+# ------------------------------------------------------------------- 4. gspo_sequence_loss
 
-def _geo_cases():
+def _log_geo(logp_new, logp_old, mask, length=None):
+    """(1/|y|) sum_t m_t (logp_new - logp_old), |y| = max(1, sum m); [B, T] -> [B]."""
+    m = mask.to(logp_new.dtype)
+    lr = torch.where(m > 0, logp_new - logp_old, torch.zeros_like(logp_new))
+    n = m.sum(-1).clamp(min=1.0) if length is None else length
+    return lr.sum(-1) / n
+
+
+def _gspo(log_s, advantages, eps):
+    s = torch.exp(log_s)
+    return -torch.minimum(s * advantages, s.clamp(1 - eps, 1 + eps) * advantages)
+
+
+def _gspo_cases():
     g = torch.Generator().manual_seed(3004)
     B, T = 4, 7
     lengths = torch.tensor([7, 3, 5, 1])
     mask = torch.arange(T)[None, :] < lengths[:, None]
     lo = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3
-    ln = lo + 0.3 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    ln = lo + 0.1 * torch.randn(B, T, generator=g, dtype=torch.float64)
     ln = torch.where(mask, ln, torch.full_like(ln, 5.0))         # garbage in the padding
+    adv = torch.tensor([1.0, -1.0, 0.5, -2.0], dtype=torch.float64)
+    empty = torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
     return [
         Case(args=(torch.log(torch.tensor([[0.5, 0.2]])), torch.log(torch.tensor([[0.25, 0.4]])),
-                   torch.tensor([[True, True]])), label="token ratios 2 and 1/2: geometric mean 1"),
-        Case(args=(ln, lo, mask), label="4 responses of lengths 7, 3, 5, 1 (float64, garbage in padding)"),
-        Case(args=(torch.tensor([[-1.0, -60.0, -1.0]]), torch.tensor([[-51.0, -12.0, -3.0]]),
-                   torch.tensor([[1.0, 1.0, 0.0]])), label="log-ratios of +50 and -48 (geometric mean e), "
-                                                           "0/1 float mask"),
+                   torch.tensor([[True, True]]), torch.tensor([1.5]), 0.2),
+             label="token ratios 2 and 1/2: s = 1, loss -A"),
+        Case(args=(ln, lo, mask, adv, 0.05), label="4 responses of lengths 7, 3, 5, 1, A = +-, eps = 0.05 "
+                                                  "(float64, garbage in padding)"),
+        Case(args=(torch.tensor([[-1.0, -1.5], [-2.0, -1.0]]), torch.tensor([[-1.5, -1.5], [-1.0, -1.0]]),
+                   torch.ones(2, 2), torch.tensor([1.0, -1.0]), 0.1),
+             label="s = e^0.25 with A > 0 (clipped at 1.1) and s = e^-0.5 with A < 0 (clipped at 0.9)"),
+        Case(args=(torch.tensor([[-1.0, -60.0, -1.0], [-3.0, -3.0, -3.0]]), torch.tensor([[-51.0, -12.0, -3.0],
+                                                                                            [-1.0, -1.0, -1.0]]),
+                   empty, torch.tensor([2.0, 3.0]), 3e-4),
+             label="log-ratios of +50 and -48 (s = e), and an empty response (s = 1); GSPO's eps 3e-4"),
     ]
 
 
-@exercise(chapter=3, cases=_geo_cases, description="GSPO's length-normalised (geometric-mean) sequence ratio.")
-def geometric_mean_ratio(logp_new, logp_old, mask):
-    r""":math:`\exp\big(\sum_t m_t \ell_t / \max(1, \sum_t m_t)\big)`, :math:`\ell = \log\pi_{new} - \log\pi_{old}`;
-    ``[B, T] -> [B]``."""
+@exercise(chapter=3, cases=_gspo_cases, description="GSPO's clipped loss per response, from the geometric-mean ratio.")
+def gspo_sequence_loss(logp_new, logp_old, mask, advantages, eps):
+    r""":math:`-\min(s\hat A, \mathrm{clip}(s, 1-\epsilon, 1+\epsilon)\hat A)`,
+    :math:`s = \exp\big(\sum_t m_t \ell_t / \max(1, \sum_t m_t)\big)`; ``[B, T], [B] -> [B]``."""
     V.matching_floats(logp_new=logp_new, logp_old=logp_old)
-    m = V.check_mask(mask, logp_new, "logp_new")
-    lr = torch.where(m > 0, logp_new - logp_old, torch.zeros_like(logp_new))
-    return torch.exp(lr.sum(-1) / m.sum(-1).clamp(min=1.0))
+    V.check_mask(mask, logp_new, "logp_new")
+    V.layout("B", {"B": logp_new.shape[0]}, floating=True, advantages=advantages)
+    eps = V.real_in(eps, "eps", 0.0, 1.0, lo_open=True)
+    return _gspo(_log_geo(logp_new, logp_old, mask), advantages, eps)
 
 
-@mistake(geometric_mean_ratio, "the mask is ignored: padding tokens enter the average")
-def _geo_no_mask(logp_new, logp_old, mask):
-    return torch.exp((logp_new - logp_old).mean(-1))
+@mistake(gspo_sequence_loss, "the mask is ignored: padding tokens enter the average log-ratio")
+def _gspo_no_mask(logp_new, logp_old, mask, advantages, eps):
+    return _gspo((logp_new - logp_old).mean(-1), advantages, eps)
 
 
-@mistake(geometric_mean_ratio, "you divided by the padded length T instead of the response length "
-         "sum(mask): short responses get ratios pulled towards 1")
-def _geo_divide_by_T(logp_new, logp_old, mask):
-    return torch.exp((mask.to(logp_new.dtype) * (logp_new - logp_old)).sum(-1) / logp_new.shape[-1])
+@mistake(gspo_sequence_loss, "you clipped the full sequence ratio (the product of the token ratios); GSPO "
+         "clips its |y|-th root, the geometric mean, which stays on a per-token scale")
+def _gspo_product(logp_new, logp_old, mask, advantages, eps):
+    return _gspo(_log_geo(logp_new, logp_old, mask, length=1.0), advantages, eps)
 
 
-@mistake(geometric_mean_ratio, "this is the arithmetic mean of the token ratios; GSPO uses the "
-         "geometric mean, the exp of the mean log-ratio")
-def _geo_arithmetic(logp_new, logp_old, mask):
+@mistake(gspo_sequence_loss, "you took max instead of min: the clipped objective is the PESSIMISTIC (smaller) "
+         "of the two terms, so that the clip removes the incentive to move further, never adds one")
+def _gspo_max(logp_new, logp_old, mask, advantages, eps):
+    s = torch.exp(_log_geo(logp_new, logp_old, mask))
+    return -torch.maximum(s * advantages, s.clamp(1 - eps, 1 + eps) * advantages)
+
+
+@mistake(gspo_sequence_loss, "you averaged the token ratios (an arithmetic mean); GSPO uses the geometric mean, "
+         "the exp of the mean log-ratio")
+def _gspo_arithmetic(logp_new, logp_old, mask, advantages, eps):
     m = mask.to(logp_new.dtype)
-    return (m * torch.exp(logp_new - logp_old)).sum(-1) / m.sum(-1).clamp(min=1.0)
-
-
-@mistake(geometric_mean_ratio, "this is the full sequence ratio (the product); the geometric mean takes "
-         "its |y|-th root")
-def _geo_product(logp_new, logp_old, mask):
-    return torch.exp((mask.to(logp_new.dtype) * (logp_new - logp_old)).sum(-1))
+    ratio = torch.where(m > 0, torch.exp(logp_new - logp_old), torch.zeros_like(logp_new))
+    s = ratio.sum(-1) / m.sum(-1).clamp(min=1.0)
+    s = torch.where(m.sum(-1) > 0, s, torch.ones_like(s))
+    return -torch.minimum(s * advantages, s.clamp(1 - eps, 1 + eps) * advantages)
