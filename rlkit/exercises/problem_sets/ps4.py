@@ -441,5 +441,5 @@ PS4 = register_problem_set(ProblemSet(
     notebook="lessons/problem_sets/ps4_lagrangian_ppo.ipynb",
     tasks=("lagrangian_advantage", "dual_ascent_step", "PIDMultiplier", "ppo_clip_loss", "train_constrained"),
     visible=VISIBLE,
-    written_points=30.0,
+    written_points=25.0,
 ))
