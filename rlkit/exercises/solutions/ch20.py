@@ -2,9 +2,9 @@ r"""Checkers for the exercises of chapter 20, ``lessons/20_value_guided_decoding
 
 Chapter: 20_value_guided_decoding.
 
-* ``soft_value_backup(logits, child_values, beta)``: one step of the soft Bellman backup,
-  :math:`V_\beta(h) = \beta\log\sum_v\pi(v\mid h)\,e^{V_\beta(h\oplus v)/\beta}` with
-  :math:`\pi = \mathrm{softmax}(\text{logits})`; ``[..., V]`` -> ``[...]``.
+* ``guided_kl(logits, next_values, eta)``: the KL of the guided next-token distribution from the base
+  model's, :math:`\mathrm{KL}(q\,\|\,\pi)` with :math:`q\propto\pi\,e^{\eta V(h\oplus v)}`,
+  :math:`\pi = \mathrm{softmax}(\text{logits})`, 0 where :math:`q = 0`; ``[..., V]`` -> ``[...]``.
 * ``filter_then_guide(logits, next_values, eta, top_p)``: the log-probabilities of the sampling
   distribution when the base model is truncated to its top-p support first and guided after,
   :math:`\log q = \mathrm{log\_softmax}(\log\pi_{S} + \eta\,V(h\oplus\cdot))`; ``[..., V]``.
@@ -24,50 +24,85 @@ from rlkit.llm.sampling import sampling_logprobs
 __all__: list[str] = []
 
 
-# ------------------------------------------------------------------- 1. soft_value_backup
+# ------------------------------------------------------------------- 1. guided_kl
+# (was soft_value_backup: beta * log_normaliser(logits, child_values, 0, 1 / beta), with the
+# log_normaliser the chapter shows, passed its check; issue 23. The exercise now asks for the KL that
+# the chapter's sweep measures per token, the price of guidance.)
 
-def _soft_cases():
+def _gkl_cases():
     g = torch.Generator().manual_seed(20)
+    ls = torch.log(torch.rand(3, 6, generator=g, dtype=torch.float64))
+    ls[0, 1] = float("-inf")                               # success impossible after these tokens
+    ls[2, [0, 4]] = float("-inf")
+    trunc = torch.randn(3, 6, generator=g, dtype=torch.float64)
+    trunc[:, 3:] = float("-inf")                            # a truncated base: tokens 3-5 never sampled
     return [
-        Case(args=(torch.zeros(1, 2, dtype=torch.float64), torch.tensor([[0.0, 1.0]], dtype=torch.float64), 1.0),
-             label="hand case: pi = (1/2, 1/2), children 0 and 1, beta = 1 -> log((1 + e) / 2)"),
-        Case(args=(torch.randn(4, 5, generator=g, dtype=torch.float64) * 2,
-                   torch.rand(4, 5, generator=g, dtype=torch.float64), 0.25),
-             label="4 states, 5 tokens, beta = 0.25"),
-        Case(args=(torch.randn(3, 6, generator=g, dtype=torch.float64) + 3.0,
-                   torch.rand(3, 6, generator=g, dtype=torch.float64), 2.0),
-             label="logits that are not normalised (all shifted by +3), beta = 2"),
+        Case(args=(torch.zeros(1, 2, dtype=torch.float64), torch.tensor([[0.0, math.log(2.0)]], dtype=torch.float64),
+                   1.0),
+             label="hand case: pi = (1/2, 1/2), e^V = (1, 2), eta = 1 -> q = (1/3, 2/3), "
+                   "KL = log(2/3)/3 + 2 log(4/3)/3"),
+        Case(args=(torch.randn(4, 5, generator=g, dtype=torch.float64) * 2 + 3.0,
+                   torch.rand(4, 5, generator=g, dtype=torch.float64), 2.0),
+             label="4 states, 5 tokens, logits not normalised (shifted by +3), eta = 2"),
+        Case(args=(torch.randn(3, 6, generator=g, dtype=torch.float64), ls, 1.0),
+             label="log-success values with -inf (p = 0) on some tokens, eta = 1 (Bayes)"),
+        Case(args=(trunc, torch.rand(3, 6, generator=g, dtype=torch.float64), 4.0),
+             label="a truncated base (logits -inf on half the tokens), eta = 4"),
+        Case(args=(torch.randn(2, 5, generator=g, dtype=torch.float64),
+                   torch.rand(2, 5, generator=g, dtype=torch.float64), 0.0),
+             label="eta = 0: no guidance, KL 0"),
+        Case(args=(torch.randn(2, 5, generator=g, dtype=torch.float64),
+                   torch.rand(2, 5, generator=g, dtype=torch.float64), 1000.0),
+             label="eta = 1000: e^(eta V) overflows; the guided distribution is nearly the argmax of V"),
     ]
 
 
-@exercise(chapter=20, cases=_soft_cases, atol=1e-8,
-          description="the soft value of a state from its children's soft values (one soft Bellman backup)")
-def soft_value_backup(logits, child_values, beta):
-    """beta * log sum_v softmax(logits)_v exp(child_values_v / beta); [..., V] -> [...]."""
-    return beta * torch.logsumexp(F.log_softmax(logits, -1) + child_values / beta, -1)
+@exercise(chapter=20, cases=_gkl_cases, atol=1e-8,
+          description="the KL of the guided next-token distribution from the base model's, per state")
+def guided_kl(logits, next_values, eta):
+    """KL(q || pi) with pi = softmax(logits), q proportional to pi e^(eta V); 0 log 0 = 0; [..., V] -> [...]."""
+    logp = F.log_softmax(logits, -1)
+    lg = logp + eta * next_values
+    logq = lg - torch.logsumexp(lg, -1, keepdim=True)
+    q = logq.exp()
+    return (q * torch.where(q > 0, logq - logp, torch.zeros_like(logq))).sum(-1)
 
 
-@mistake(soft_value_backup, "the logits were used as log-probabilities; normalise them with log_softmax first "
-         "(the policy is softmax(logits), and a shift of the logits must not change the value)")
-def _soft_raw_logits(logits, child_values, beta):
-    return beta * torch.logsumexp(logits + child_values / beta, -1)
+def _gkl_parts(logits, next_values, eta):
+    logp = F.log_softmax(logits, -1)
+    lg = logp + eta * next_values
+    logq = lg - torch.logsumexp(lg, -1, keepdim=True)
+    return logp, logq, logq.exp()
 
 
-@mistake(soft_value_backup, "you computed the expected value sum_v pi(v) V(h + v): that is the ordinary (risk-neutral) "
-         "value; the soft value averages exp(V / beta) and takes beta * log of it")
-def _soft_mean(logits, child_values, beta):
-    return (F.softmax(logits, -1) * child_values).sum(-1)
+@mistake(guided_kl, "the KL is the wrong way round: the chapter measures KL(q || pi), the divergence of the "
+         "distribution that samples (the guided q) from the base model")
+def _gkl_reverse(logits, next_values, eta):
+    logp, logq, q = _gkl_parts(logits, next_values, eta)
+    p = logp.exp()
+    return (p * torch.where(p > 0, logp - logq, torch.zeros_like(logp))).sum(-1)
 
 
-@mistake(soft_value_backup, "beta is on the wrong side: the children's values are DIVIDED by beta inside the "
-         "exponential and the log is multiplied by beta")
-def _soft_beta_inverted(logits, child_values, beta):
-    return torch.logsumexp(F.log_softmax(logits, -1) + child_values * beta, -1) / beta
+@mistake(guided_kl, "the normaliser is missing: q = pi e^(eta V) / Z, so log(q / pi) = eta V - log Z, and the KL "
+         "is eta E_q[V] - log Z, not eta E_q[V]")
+def _gkl_no_logz(logits, next_values, eta):
+    logp, logq, q = _gkl_parts(logits, next_values, eta)
+    return (q * torch.where(q > 0, eta * next_values, torch.zeros_like(logq))).sum(-1)
 
 
-@mistake(soft_value_backup, "the factor beta in front of the log is missing: V_beta = beta * log E[exp(V / beta)]")
-def _soft_no_beta(logits, child_values, beta):
-    return torch.logsumexp(F.log_softmax(logits, -1) + child_values / beta, -1)
+@mistake(guided_kl, "the logits were used as log-probabilities; log pi = log_softmax(logits) (a shift of the "
+         "logits must not change the KL)")
+def _gkl_raw_logits(logits, next_values, eta):
+    logp, logq, q = _gkl_parts(logits, next_values, eta)
+    return (q * torch.where(q > 0, logq - logits, torch.zeros_like(logq))).sum(-1)
+
+
+@mistake(guided_kl, "you averaged log(q / pi) under the base pi instead of under q: that is -KL(pi || q), "
+         "never positive")
+def _gkl_under_pi(logits, next_values, eta):
+    logp, logq, q = _gkl_parts(logits, next_values, eta)
+    p = logp.exp()
+    return (p * torch.where(q > 0, logq - logp, torch.zeros_like(logq))).sum(-1)
 
 
 # ------------------------------------------------------------------- 2. filter_then_guide
