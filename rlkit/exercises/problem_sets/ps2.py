@@ -32,7 +32,7 @@ LEARN_GAIN = 0.10
 # helpers shared with the instructor's hidden tests
 # ------------------------------------------------------------------------------------------------
 
-def _assert_close(got, want, what: str, atol: float = 1e-5) -> None:
+def assert_close(got, want, what: str, atol: float = 1e-5) -> None:
     if not isinstance(got, torch.Tensor):
         raise AssertionError(f"{what}: expected a tensor, got {type(got).__name__}")
     if got.shape != want.shape:
@@ -45,7 +45,7 @@ def _assert_close(got, want, what: str, atol: float = 1e-5) -> None:
         raise AssertionError(f"{what}: largest error {err:.2e} (allowed {atol:g})")
 
 
-def _tiny_model(seed: int):
+def tiny_model(seed: int):
     """A small random GPT of chapter 7's architecture (fast; its log-probs are far from uniform)."""
     from rlkit.llm.model import GPT, GPTConfig
     torch.manual_seed(seed)
@@ -56,7 +56,7 @@ def _tiny_model(seed: int):
     return model.eval()
 
 
-def _random_batch(seed: int, B: int, P: int, T: int, vocab: int, min_prompt: int = 1):
+def random_batch(seed: int, B: int, P: int, T: int, vocab: int, min_prompt: int = 1):
     """Left-padded prompts of random lengths in [min_prompt, P] and responses with random lengths >= 1."""
     g = torch.Generator().manual_seed(seed)
     lens = torch.randint(min_prompt, P + 1, (B,), generator=g)
@@ -68,7 +68,7 @@ def _random_batch(seed: int, B: int, P: int, T: int, vocab: int, min_prompt: int
     return ids, pmask, resp, mask
 
 
-def _greedy_accuracy(model, tok, task, problems) -> float:
+def greedy_accuracy(model, tok, task, problems) -> float:
     from rlkit.llm import evaluate
     return float(evaluate(model, tok, task, problems, greedy=True)["accuracy"])
 
@@ -91,7 +91,7 @@ def _adv_hand(ns):
                           atol=1e-3):
             raise AssertionError("you divided by the population std (by G); GRPO uses the sample std (by G - 1, "
                                  "torch's default)")
-    _assert_close(got, want, "rewards [1,0,0,0 | 1,1,0,0] in groups of 4 (hand-worked: 1.5, -0.5, ..., ±0.866)",
+    assert_close(got, want, "rewards [1,0,0,0 | 1,1,0,0] in groups of 4 (hand-worked: 1.5, -0.5, ..., ±0.866)",
                   atol=1e-4)
 
 
@@ -108,7 +108,7 @@ def _adv_random(ns):
     from rlkit.objectives import grpo_advantages
     g = torch.Generator().manual_seed(3)
     r = torch.rand(40, generator=g, dtype=torch.float64)
-    _assert_close(ns["group_advantages"](r, 8), grpo_advantages(r, 8), "40 random rewards in groups of 8", 1e-5)
+    assert_close(ns["group_advantages"](r, 8), grpo_advantages(r, 8), "40 random rewards in groups of 8", 1e-5)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -117,8 +117,8 @@ def _adv_random(ns):
 
 def _lp_case(seed, padded):
     from rlkit.llm import token_logprobs
-    model = _tiny_model(seed)
-    ids, pmask, resp, mask = _random_batch(seed, B=5, P=5, T=4, vocab=model.config.vocab_size,
+    model = tiny_model(seed)
+    ids, pmask, resp, mask = random_batch(seed, B=5, P=5, T=4, vocab=model.config.vocab_size,
                                            min_prompt=1 if padded else 5)
     return model, ids, pmask, resp, mask, token_logprobs(model, ids, pmask, resp, mask)
 
@@ -133,7 +133,7 @@ def _lp_unpadded(ns):
         if (got.detach() - want).abs().max() > 1e-4 and (got.detach() - shifted).abs().max() < 1e-4:
             raise AssertionError("off by one: the logits at position P - 1 + t score response token t "
                                  "(a position's logits predict the NEXT token)")
-    _assert_close(got, want, "5 prompts of 5 tokens, responses of 1-4 tokens, a random 1-layer GPT", atol=1e-4)
+    assert_close(got, want, "5 prompts of 5 tokens, responses of 1-4 tokens, a random 1-layer GPT", atol=1e-4)
 
 
 def _lp_padded(ns):
@@ -145,7 +145,7 @@ def _lp_padded(ns):
         if (got.detach() - nomask).abs().max() < 1e-4:
             raise AssertionError("with left-padded prompts, pass the attention mask (prompt_mask, then ones for the "
                                  "response) to the model: padding must be neither attended to nor counted in positions")
-    _assert_close(got, want, "left-padded prompts of 1-5 tokens", atol=1e-4)
+    assert_close(got, want, "left-padded prompts of 1-5 tokens", atol=1e-4)
 
 
 def _lp_masked_and_grad(ns):
@@ -189,7 +189,7 @@ def _loss_no_kl(ns):
     want = _independent_loss(logp, old, ref, adv, mask, 0.2, 0.0)
     if isinstance(got, torch.Tensor) and got.dim() == 0 and abs(got.item() + want.item()) < 1e-8 < abs(want.item()):
         raise AssertionError("the sign is flipped: return the loss to MINIMISE, minus the surrogate")
-    _assert_close(got, want, "beta = 0: the clipped surrogate, token mean per response then mean over responses",
+    assert_close(got, want, "beta = 0: the clipped surrogate, token mean per response then mean over responses",
                   1e-8)
 
 
@@ -201,7 +201,7 @@ def _loss_kl(ns):
     if isinstance(got, torch.Tensor) and got.dim() == 0 and abs(got.item() - k1.item()) < 1e-6:
         raise AssertionError("the KL term looks like k1 (log pi - log pi_ref); GRPO's is k3 = e^d - d - 1, "
                              "d = log pi_ref - log pi")
-    _assert_close(got, want, "beta = 0.3: the clipped surrogate plus beta times k3", 1e-8)
+    assert_close(got, want, "beta = 0.3: the clipped surrogate plus beta times k3", 1e-8)
 
 
 def _loss_clip_gradient(ns):
@@ -225,7 +225,7 @@ def _loss_padding(ns):
     ref2[mask == 0] = float("nan")
     got = ns["grpo_loss"](logp, old2, ref2, adv, mask, 0.2, 0.1)
     want = _independent_loss(logp, old, ref, adv, mask, 0.2, 0.1)
-    _assert_close(got, want, "padded positions holding -inf and NaN (use torch.where, not a product with the mask)",
+    assert_close(got, want, "padded positions holding -inf and NaN (use torch.where, not a product with the mask)",
                   1e-8)
     (grad,) = torch.autograd.grad(got, logp)
     assert torch.isfinite(grad).all(), "the gradient has NaN/inf: padding leaked into it"
@@ -254,13 +254,13 @@ def _train_learns(ns):
     from rlkit.llm import ADDITION, load_pretrained
     base_model, tok = load_pretrained()
     test = ADDITION.problems(160, seed=2024, split="test")
-    base = _greedy_accuracy(base_model, tok, ADDITION, test)
+    base = greedy_accuracy(base_model, tok, ADDITION, test)
     gains = []
     for seed in (0, 1):
         model, _ = load_pretrained()
         torch.manual_seed(seed)
         ns["grpo_train"](model, tok, ADDITION, steps=LEARN_STEPS, seed=seed, lr=LEARN_LR)
-        gains.append(_greedy_accuracy(model, tok, ADDITION, test) - base)
+        gains.append(greedy_accuracy(model, tok, ADDITION, test) - base)
     ok = sum(g >= LEARN_GAIN for g in gains)
     assert ok > 0, (f"after {LEARN_STEPS} updates at lr {LEARN_LR:g} the held-out greedy accuracy changed by "
                     f"{[round(g, 3) for g in gains]} from {base:.3f} (expected a gain of at least {LEARN_GAIN:g} "

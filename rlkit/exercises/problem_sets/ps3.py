@@ -30,7 +30,7 @@ LEARN_RETURN = 50.0
 _KEYS = ("update_shift", "update_shift_tv", "staleness", "staleness_tv", "return")
 
 
-def _assert_close(got, want, what: str, atol: float = 1e-6) -> None:
+def assert_close(got, want, what: str, atol: float = 1e-6) -> None:
     if not isinstance(got, torch.Tensor):
         raise AssertionError(f"{what}: expected a tensor, got {type(got).__name__}")
     if got.shape != want.shape:
@@ -43,7 +43,7 @@ def _assert_close(got, want, what: str, atol: float = 1e-6) -> None:
         raise AssertionError(f"{what}: largest error {err:.2e} (allowed {atol:g})")
 
 
-def _driver_run(ns, lag: int, seed: int, total_steps: int = LEARN_STEPS, correction: str = "none") -> dict:
+def driver_run(ns, lag: int, seed: int, total_steps: int = LEARN_STEPS, correction: str = "none") -> dict:
     torch.manual_seed(seed)
     hist = ns["stale_ppo"](lag=lag, seed=seed, correction=correction, total_steps=total_steps)
     assert isinstance(hist, dict), f"stale_ppo must return a dict (the history), got {type(hist).__name__}"
@@ -66,7 +66,7 @@ def _tv_hand(ns):
         raise AssertionError("you returned the mean of sum |p - q|: the TV distance has a factor 1/2")
     if isinstance(got, torch.Tensor) and got.dim() == 0 and abs(float(got) - 0.9) < 1e-4:
         raise AssertionError("you summed over the states: U_k and S_k are the MEAN over states")
-    _assert_close(got, torch.tensor(0.3), "three states: TV 0, 0.3 and 0.6, mean 0.3 (hand-worked)", 1e-5)
+    assert_close(got, torch.tensor(0.3), "three states: TV 0, 0.3 and 0.6, mean 0.3 (hand-worked)", 1e-5)
 
 
 def _tv_loop(ns):
@@ -81,7 +81,7 @@ def _tv_loop(ns):
         if abs(float(got) - float(raw)) < 1e-5:
             raise AssertionError("you compared logits: turn them into probabilities (softmax) first")
         assert abs(float(tv_categorical(a, b).mean()) - want) < 1e-5   # the slow loop agrees with rlkit
-    _assert_close(got, torch.tensor(want), "40 states, 6 actions, against a slow loop over states", 1e-5)
+    assert_close(got, torch.tensor(want), "40 states, 6 actions, against a slow loop over states", 1e-5)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -103,24 +103,24 @@ def _u_hand(ns):
     got = ns["update_shift_estimate"](ln, lk, lb)
     # rho_{k+1} = (0.5, 2), rho_k = (1, 2): 1/2 mean(|0.5 - 1|, 0) = 0.125; the incremental ratio alone gives 0.125 too
     # here, so the second case tells them apart
-    _assert_close(got, torch.tensor(0.125), "two samples: rho_{k+1} = (0.5, 2), rho_k = (1, 2)", 1e-6)
+    assert_close(got, torch.tensor(0.125), "two samples: rho_{k+1} = (0.5, 2), rho_k = (1, 2)", 1e-6)
     lk2 = torch.log(torch.tensor([0.5, 0.5]))
     ln2 = torch.log(torch.tensor([0.5, 0.25]))
     got2 = ns["update_shift_estimate"](ln2, lk2, lb)
     if isinstance(got2, torch.Tensor) and abs(float(got2) - 0.125) < 1e-6:
         raise AssertionError("you used the incremental ratio pi_{k+1}/pi_k; U_k's estimate on stale data weights "
                              "|r - 1| by rho_k = pi_k/mu: 1/2 mean |pi_{k+1}/mu - pi_k/mu|")
-    _assert_close(got2, torch.tensor(0.25), "rho_{k+1} = (1, 1), rho_k = (1, 2): 1/2 mean(0, 1) = 0.25", 1e-6)
+    assert_close(got2, torch.tensor(0.25), "rho_{k+1} = (1, 1), rho_k = (1, 2): 1/2 mean(0, 1) = 0.25", 1e-6)
 
 
 def _s_hand_and_library(ns):
     lb = torch.log(torch.tensor([0.5, 0.2, 0.4]))
     lk = torch.log(torch.tensor([0.25, 0.2, 0.6]))
     got = ns["staleness_estimate"](lk, lb)
-    _assert_close(got, torch.tensor((0.5 + 0.0 + 0.5) / 6), "rho_k = (0.5, 1, 1.5): 1/2 mean |rho - 1| = 1/6", 1e-6)
+    assert_close(got, torch.tensor((0.5 + 0.0 + 0.5) / 6), "rho_k = (0.5, 1, 1.5): 1/2 mean |rho - 1| = 1/6", 1e-6)
     from rlkit.staleness import staleness
     ln, lk, lb = _est_inputs(5)
-    _assert_close(ns["staleness_estimate"](lk, lb), staleness(lk, lb), "200 random samples (rlkit.staleness)", 1e-9)
+    assert_close(ns["staleness_estimate"](lk, lb), staleness(lk, lb), "200 random samples (rlkit.staleness)", 1e-9)
 
 
 def _estimates_masked(ns):
@@ -131,8 +131,8 @@ def _estimates_masked(ns):
     ln2[~mask], lk2[~mask] = float("nan"), float("inf")
     u = ns["update_shift_estimate"](ln2, lk2, lb, mask)
     s = ns["staleness_estimate"](lk2, lb, mask)
-    _assert_close(u, update_shift(ln, lk, lb, mask), "U_k with a mask over NaN/inf entries", 1e-9)
-    _assert_close(s, staleness(lk, lb, mask), "S_k with a mask over NaN/inf entries", 1e-9)
+    assert_close(u, update_shift(ln, lk, lb, mask), "U_k with a mask over NaN/inf entries", 1e-9)
+    assert_close(s, staleness(lk, lb, mask), "S_k with a mask over NaN/inf entries", 1e-9)
 
 
 def _estimator_unbiased(ns):
@@ -162,7 +162,7 @@ def _decoupled_library(ns):
         if abs(got.item() - plain.item()) < 1e-9:
             raise AssertionError("this is standard PPO-clip of pi/mu: the decoupled clip centres the clip on pi_prox "
                                  "and multiplies by w = pi_prox/mu outside it")
-    _assert_close(got, want, "64 samples, eps 0.2 (rlkit.objectives.decoupled_ppo_loss)", 1e-9)
+    assert_close(got, want, "64 samples, eps 0.2 (rlkit.objectives.decoupled_ppo_loss)", 1e-9)
 
 
 def _decoupled_gradient(ns):
@@ -173,7 +173,7 @@ def _decoupled_gradient(ns):
     assert isinstance(loss, torch.Tensor) and loss.dim() == 0, "decoupled_clip_loss must return a 0-dim tensor"
     (grad,) = torch.autograd.grad(loss, logp)
     want = -torch.exp(lk - lb) * adv / 64                # the importance-sampled policy gradient, (pi/mu) A
-    _assert_close(grad, want, "the gradient at pi_theta = pi_prox: -(pi_prox/mu) A / n per sample "
+    assert_close(grad, want, "the gradient at pi_theta = pi_prox: -(pi_prox/mu) A / n per sample "
                   "(w must be detached and outside the clip)", 1e-9)
 
 
@@ -182,7 +182,7 @@ def _decoupled_gradient(ns):
 # ------------------------------------------------------------------------------------------------
 
 def _driver_lag0(ns):
-    hist = _driver_run(ns, lag=0, seed=0, total_steps=8 * 32 * 4)
+    hist = driver_run(ns, lag=0, seed=0, total_steps=8 * 32 * 4)
     assert all(x == 0.0 for x in hist["staleness"]), \
         f"at lag 0 the sampler is the learner: S_k must be exactly 0, got {hist['staleness']}"
     assert all(abs(x) < 1e-7 for x in hist["staleness_tv"]), f"at lag 0 the exact S_k is 0, got {hist['staleness_tv']}"
@@ -191,7 +191,7 @@ def _driver_lag0(ns):
 
 
 def _driver_lag_measures(ns):
-    hist = _driver_run(ns, lag=2, seed=1, total_steps=8 * 32 * 12)
+    hist = driver_run(ns, lag=2, seed=1, total_steps=8 * 32 * 12)
     s, stv, u, utv = (hist[k] for k in ("staleness", "staleness_tv", "update_shift", "update_shift_tv"))
     assert s[0] == 0.0 and all(x > 0 for x in s[1:]), \
         f"lag 2: S_0 = 0 (the first sampler is the learner), then > 0; got {s}"
@@ -203,7 +203,7 @@ def _driver_lag_measures(ns):
 
 def _driver_learns(ns):
     """Seeds 0 and 1 at lag 0: the return of the last 20 episodes reaches LEARN_RETURN (credit per seed)."""
-    rets = [_driver_run(ns, lag=0, seed=seed)["return"][-1] for seed in (0, 1)]
+    rets = [driver_run(ns, lag=0, seed=seed)["return"][-1] for seed in (0, 1)]
     ok = sum(r >= LEARN_RETURN and math.isfinite(r) for r in rets)
     assert ok > 0, (f"at lag 0 after {LEARN_STEPS} env steps the mean return of the last 20 episodes is "
                     f"{[round(r, 1) for r in rets]} (expected >= {LEARN_RETURN:g} on each seed)")

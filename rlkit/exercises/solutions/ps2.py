@@ -15,10 +15,10 @@ from rlkit.exercises.problem_sets.ps2 import (
     LEARN_GAIN,
     LEARN_LR,
     LEARN_STEPS,
-    _assert_close,
-    _greedy_accuracy,
-    _random_batch,
-    _tiny_model,
+    assert_close,
+    greedy_accuracy,
+    random_batch,
+    tiny_model,
 )
 
 __all__ = ["group_advantages", "response_logprobs", "grpo_loss", "grpo_train", "reference_namespace", "ANSWER_CELLS",
@@ -163,7 +163,7 @@ def _h_adv_shapes(ns):
         assert isinstance(got, torch.Tensor) and got.shape == r.shape, \
             f"group_size {G}: expected shape {tuple(r.shape)}, got {getattr(got, 'shape', type(got))}"
         assert got.dtype == dtype, f"the advantages should keep the rewards' dtype {dtype}, got {got.dtype}"
-        _assert_close(got, group_advantages(r, G), f"group_size {G}, {n} groups", atol=1e-4)
+        assert_close(got, group_advantages(r, G), f"group_size {G}, {n} groups", atol=1e-4)
 
 
 def _h_adv_equal(ns):
@@ -173,13 +173,13 @@ def _h_adv_equal(ns):
     assert torch.isfinite(got).all(), "groups of equal rewards gave NaN/inf"
     assert got[:6].abs().max() < 1e-9 and got[12:].abs().max() < 1e-9, \
         f"a group whose rewards are all equal must get advantage 0, got {got[:6].tolist()} and {got[12:].tolist()}"
-    _assert_close(got[6:12], group_advantages(r, 6)[6:12], "the mixed group between two equal ones", atol=1e-5)
+    assert_close(got[6:12], group_advantages(r, 6)[6:12], "the mixed group between two equal ones", atol=1e-5)
 
 
 def _h_logprobs_padding(ns):
     f = ns["response_logprobs"]
-    model = _tiny_model(31)
-    ids, pmask, resp, mask = _random_batch(4242, B=7, P=6, T=5, vocab=model.config.vocab_size, min_prompt=1)
+    model = tiny_model(31)
+    ids, pmask, resp, mask = random_batch(4242, B=7, P=6, T=5, vocab=model.config.vocab_size, min_prompt=1)
     mask[3] = 0                                             # a row with no response token at all
     resp_garbage = resp.clone()
     resp_garbage[mask == 0] = 0
@@ -188,7 +188,7 @@ def _h_logprobs_padding(ns):
     assert got.shape == want.shape, f"expected shape {tuple(want.shape)}, got {tuple(got.shape)}"
     assert torch.isfinite(got).all(), "NaN/inf in the log-probs (a row without tokens, or padding)"
     assert (got[mask == 0] == 0).all(), "positions where mask is 0 must hold 0"
-    _assert_close(got, want, "left-padded prompts of lengths 1..6, a row without tokens", atol=1e-4)
+    assert_close(got, want, "left-padded prompts of lengths 1..6, a row without tokens", atol=1e-4)
 
 
 def _h_loss_padding(ns):
@@ -206,11 +206,11 @@ def _h_loss_padding(ns):
     got = f(logp, old2, lref2, adv, mask, 0.15, 0.1)
     want = grpo_loss(logp, old, lref, adv, mask, 0.15, 0.1)
     assert torch.isfinite(got), f"the loss is {got.item()} when padded positions hold huge log-probs"
-    _assert_close(got, want, "rows of 9, 1, 4, 0, 7, 2 tokens (one row empty), clip 0.15, beta 0.1", atol=1e-8)
+    assert_close(got, want, "rows of 9, 1, 4, 0, 7, 2 tokens (one row empty), clip 0.15, beta 0.1", atol=1e-8)
     (gg,) = torch.autograd.grad(got, logp)
     (gw,) = torch.autograd.grad(want, logp)
     assert torch.isfinite(gg).all() and (gg[mask == 0] == 0).all(), "padded positions must get a zero gradient"
-    _assert_close(gg, gw, "the gradient on rows of different lengths", atol=1e-8)
+    assert_close(gg, gw, "the gradient on rows of different lengths", atol=1e-8)
 
 
 def _h_train_learns(ns):
@@ -219,7 +219,7 @@ def _h_train_learns(ns):
 
     base_model, tok = load_pretrained()
     test = ADDITION.problems(160, seed=777, split="test")
-    base = _greedy_accuracy(base_model, tok, ADDITION, test)
+    base = greedy_accuracy(base_model, tok, ADDITION, test)
     ok = 0
     gains = []
     for seed in (101, 202):
@@ -227,7 +227,7 @@ def _h_train_learns(ns):
         torch.manual_seed(seed)
         hist = ns["grpo_train"](model, tok, ADDITION, steps=LEARN_STEPS, seed=seed, lr=LEARN_LR)
         assert len(hist["reward"]) == LEARN_STEPS, f"history['reward'] has {len(hist['reward'])} entries"
-        gain = _greedy_accuracy(model, tok, ADDITION, test) - base
+        gain = greedy_accuracy(model, tok, ADDITION, test) - base
         gains.append(round(gain, 3))
         ok += gain >= LEARN_GAIN
     assert ok > 0, f"held-out greedy accuracy gains {gains} on seeds 101, 202 (expected >= {LEARN_GAIN:g} on each)"

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from rlkit.exercises.problem_sets import Test
-from rlkit.exercises.problem_sets.ps3 import LEARN_RETURN, LEARN_STEPS, _assert_close, _driver_run
+from rlkit.exercises.problem_sets.ps3 import LEARN_RETURN, LEARN_STEPS, assert_close, driver_run
 
 __all__ = ["mean_tv", "update_shift_estimate", "staleness_estimate", "decoupled_clip_loss", "stale_ppo",
            "reference_namespace", "ANSWER_CELLS", "HIDDEN"]
@@ -180,7 +180,7 @@ def _h_tv_shapes(ns):
     a[0, :, 2] = float("-inf")                                 # an action one policy never takes
     got = ns["mean_tv"](a, b)
     want = mean_tv(a, b)
-    _assert_close(got, want, "[3, 5, 7] logits with -inf for one action in a third of the states", 1e-9)
+    assert_close(got, want, "[3, 5, 7] logits with -inf for one action in a third of the states", 1e-9)
 
 
 def _h_estimates_masked_extreme(ns):
@@ -216,17 +216,17 @@ def _h_decoupled_float64(ns):
     adv = torch.randn(50, generator=g, dtype=torch.float64)
     got = ns["decoupled_clip_loss"](lp, lk, lb, adv, 0.1)
     want = decoupled_clip_loss(lp, lk, lb, adv, 0.1)
-    _assert_close(got, want, "50 float64 samples, eps 0.1", 1e-10)
+    assert_close(got, want, "50 float64 samples, eps 0.1", 1e-10)
     (gg,) = torch.autograd.grad(got, lp)
     (gw,) = torch.autograd.grad(want, lp)
-    _assert_close(gg, gw, "the gradient (eps 0.1)", 1e-10)
+    assert_close(gg, gw, "the gradient (eps 0.1)", 1e-10)
 
 
 def _h_driver_fresh_seeds(ns):
     """Fresh seeds 13 and 14 at lag 0: learns (return >= LEARN_RETURN at the end); at lag 3: S_0 = 0, S_k > 0 after."""
     rets = []
     for seed in (13, 14):
-        hist = _driver_run(ns, lag=0, seed=seed)
+        hist = driver_run(ns, lag=0, seed=seed)
         rets.append(hist["return"][-1])
     ok = sum(r >= LEARN_RETURN for r in rets)
     assert ok > 0, (f"at lag 0 after {LEARN_STEPS} env steps the return of the last 20 episodes is "
