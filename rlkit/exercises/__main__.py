@@ -127,6 +127,7 @@ def _collect(worker: _Worker, names: list[str], results: dict, timeouts: dict, d
         if event == "timeout":
             worker.kill()
             if by_deadline:             # the whole submission ran out of time: every item left gets 0
+                results[pending] = {"failed": over.replace("before this item was graded", "while grading this item")}
                 for n in names:
                     results.setdefault(n, {"failed": over})
                 return None
@@ -150,12 +151,22 @@ def _collect(worker: _Worker, names: list[str], results: dict, timeouts: dict, d
                 return None
 
 
-def _import(worker: _Worker, timeout: float, deadline: float | None = None) -> str | None:
-    """Wait for the worker to load the checkers, then to import the submission: None when it did, else why not."""
+def _ready(worker: _Worker) -> str | None:
+    """Wait for the worker to load the checkers: None when it did, else why not."""
     event = worker.next(STARTUP_TIMEOUT)
     if event == "timeout" or event is None or event.get("event") != "ready":
         worker.kill()
         return f"the grading process did not start (within {STARTUP_TIMEOUT:g} s)"
+    return None
+
+
+def _import(worker: _Worker, timeout: float, deadline: float | None = None) -> str | None:
+    """Wait for the worker to load the checkers, then to import the submission: None when it did, else why not."""
+    return _ready(worker) or _imported(worker, timeout, deadline)
+
+
+def _imported(worker: _Worker, timeout: float, deadline: float | None = None) -> str | None:
+    """Wait for the worker (ready) to import the submission: None when it did, else why not."""
     event = worker.next(_wait(timeout, deadline)[0])
     if event == "timeout":
         worker.kill()
@@ -173,11 +184,13 @@ def run_items(file: Path, worker_args: list[str], names: list[str], timeouts: di
     """Grade the items ``names`` of ``file`` in fresh worker processes (``rlkit.exercises._worker``).
 
     Each item must finish within ``timeouts[name]`` seconds, the import within ``import_timeout``,
-    and the whole submission within ``submission_timeout`` (None: no limit). An item that times out
-    or crashes the process gets ``{"failed": why}``; the next process resumes after it. Returns
-    the worker's result event per item. Raises ``RuntimeError`` when the file cannot be imported.
+    and the whole submission within ``submission_timeout`` (None: no limit), counted from the moment
+    the first process has loaded the checkers (starting Python and torch is not the submission's
+    time). An item that times out or crashes the process gets ``{"failed": why}``; the next process
+    resumes after it. Returns the worker's result event per item. Raises ``RuntimeError`` when the
+    file cannot be imported.
     """
-    deadline = None if submission_timeout is None else time.monotonic() + submission_timeout
+    deadline = None
     over = f"the submission's time limit ({submission_timeout or 0:g} s) ran out before this item was graded"
     results: dict[str, dict] = {}
     after = None
@@ -188,7 +201,10 @@ def run_items(file: Path, worker_args: list[str], names: list[str], timeouts: di
             break
         worker = _Worker(file, [*worker_args, *(["--after", after] if after is not None else [])])
         try:
-            problem = _import(worker, import_timeout, deadline)
+            problem = _ready(worker)
+            if problem is None and submission_timeout is not None and deadline is None:
+                deadline = time.monotonic() + submission_timeout
+            problem = problem or _imported(worker, import_timeout, deadline)
             if problem is not None:
                 raise RuntimeError(problem)
             after = _collect(worker, names, results, timeouts, deadline, over)
