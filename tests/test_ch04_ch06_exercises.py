@@ -14,7 +14,7 @@ import torch
 
 from rlkit.exercises import check, exercises, get
 
-CH04 = ["markov_sequence_kl", "kl_estimators", "adaptive_kl_beta", "clipped_surrogate_loss", "natural_step"]
+CH04 = ["markov_sequence_kl", "reverse_kl_estimators", "adaptive_kl_beta", "clipped_surrogate_loss", "natural_step"]
 CH06 = ["entropy_change", "kl_second_order", "kl_lr_update"]
 ALL = CH04 + CH06
 F64 = torch.float64
@@ -82,61 +82,57 @@ def test_markov_sequence_kl_mistakes_and_the_displayed_function():
                      "markov_sequence_kl", verbose=False)
 
 
-def test_kl_estimators_hand_values_and_exact_expectations():
-    ref = get("kl_estimators").reference
-    # sample with p = 1/2, q = 1/4: l = log(1/2)
-    k1, k2, k3 = ref(torch.tensor([math.log(0.5)], dtype=F64), torch.tensor([math.log(0.25)], dtype=F64))
-    assert k1.item() == pytest.approx(math.log(2), abs=1e-12)
-    assert k2.item() == pytest.approx(0.5 * math.log(2) ** 2, abs=1e-12)
-    assert k3.item() == pytest.approx(0.5 - 1 + math.log(2), abs=1e-12)
-    # exact expectations under p (enumerate the support): k1 and k3 are unbiased, k2 is not
+def test_reverse_kl_estimators_hand_values_and_exact_expectations():
+    ref = get("reverse_kl_estimators").reference
+    # sample with p = 1/2, q = 1/4: l = log(1/2), r = 1/2
+    r1, r3 = ref(torch.tensor([math.log(0.5)], dtype=F64), torch.tensor([math.log(0.25)], dtype=F64))
+    assert r1.item() == pytest.approx(-0.5 * math.log(2), abs=1e-12)
+    assert r3.item() == pytest.approx(-0.5 * math.log(2) + 0.5, abs=1e-12)
+    # exact expectations under p (enumerate the support): both are unbiased for KL(q || p), r3 is never negative
     g = torch.Generator().manual_seed(2)
     lp = torch.log_softmax(torch.randn(6, generator=g, dtype=F64), -1)
     lq = torch.log_softmax(lp + 0.7 * torch.randn(6, generator=g, dtype=F64), -1)
-    p = lp.exp()
-    kl = float((p * (lp - lq)).sum())
-    k1, k2, k3 = ref(lp, lq)
-    assert float((p * k1).sum()) == pytest.approx(kl, abs=1e-12)
-    assert float((p * k3).sum()) == pytest.approx(kl, abs=1e-12)
-    assert abs(float((p * k2).sum()) - kl) > 1e-4
-    assert torch.all(k3 >= 0) and torch.all(k2 >= 0)
+    p, q = lp.exp(), lq.exp()
+    reverse = float((q * (lq - lp)).sum())
+    r1, r3 = ref(lp, lq)
+    assert float((p * r1).sum()) == pytest.approx(reverse, abs=1e-12)
+    assert float((p * r3).sum()) == pytest.approx(reverse, abs=1e-12)
+    assert torch.all(r3 >= 0)
+    assert abs(reverse - float((p * (lp - lq)).sum())) > 1e-3          # and it is not the forward KL
 
 
-def test_kl_estimators_k3_is_accurate_at_tiny_log_ratios_and_the_checker_rejects_exp_minus_one():
-    ref = get("kl_estimators").reference
-    # independent: the Taylor series of e^l - 1 - l, in float64, for |l| <= 3e-4
+def test_reverse_kl_r3_is_accurate_at_tiny_log_ratios_and_the_displayed_estimators_fail():
+    from rlkit.divergences import kl_k1, kl_k2, kl_k3
+    from rlkit.exercises import self_check
+    ref = get("reverse_kl_estimators").reference
+    # independent: the Taylor series of (l - 1) e^l + 1, in float64, for |l| <= 3e-4
     lp = torch.tensor([-0.7, -1.3, -2.1, -0.2, -3.0, -1.0])
-    for dtype, tol in ((torch.float32, 1e-3), (F64, 1e-9)):
+    for dtype, tol in ((torch.float32, 2e-3), (F64, 1e-9)):
         lpd = lp.to(dtype)
         lq = lpd + torch.tensor([1e-4, -1e-4, 2e-4, -3e-4, 1.5e-4, -2e-4], dtype=dtype)
         ell = (lq - lpd).double()
-        series = ell ** 2 / 2 + ell ** 3 / 6 + ell ** 4 / 24
-        k3 = ref(lpd, lq)[2].double()
-        assert torch.allclose(k3, series, rtol=tol, atol=0.0), (dtype, k3, series)
+        series = ell ** 2 / 2 + ell ** 3 / 3 + ell ** 4 / 8
+        r3 = ref(lpd, lq)[1].double()
+        assert torch.allclose(r3, series, rtol=tol, atol=0.0), (dtype, r3, series)
 
     def naive(logp, logq):                      # the cancellation the checker must catch
         ell = logq - logp
-        return -ell, 0.5 * ell * ell, torch.exp(ell) - 1 - ell
-    r = check(naive, name="kl_estimators", verbose=False)
-    assert not r and "expm1" in r.message and "cancels" in r.message and "tiny" in r.message
-    assert "float32" in r.message                # the first case it fails
-    # float64 does not hide the problem: at |l| ~ 1e-8 the float64 case rejects it on its own
-    ex = get("kl_estimators")
-    case64 = ex.get_cases()[-1]
-    assert "float64" in case64.label
-    got, exp = naive(*case64.args)[2], ref(*case64.args)[2]
-    assert not torch.allclose(got, exp, rtol=ex.rtol, atol=ex.atol)
-
-    def grouped(logp, logq):
-        ell = logq - logp
-        return -ell, 0.5 * ell * ell, torch.exp(ell) - (1 + ell)
-    r = check(grouped, name="kl_estimators", verbose=False)
+        return torch.exp(ell) * ell, (ell - 1) * torch.exp(ell) + 1
+    r = check(naive, name="reverse_kl_estimators", verbose=False)
     assert not r and "expm1" in r.message
 
     def float64_inside(logp, logq):             # more accurate than the reference: accepted
         ell = (logq - logp).double()
-        return tuple(x.to(logp.dtype) for x in (-ell, 0.5 * ell * ell, torch.expm1(ell) - ell))
-    assert check(float64_inside, name="kl_estimators", verbose=False)
+        em1 = torch.expm1(ell)
+        return tuple(x.to(logp.dtype) for x in (torch.exp(ell) * ell, ell * em1 - (em1 - ell)))
+    assert check(float64_inside, name="reverse_kl_estimators", verbose=False)
+    assert self_check("reverse_kl_estimators") == []
+    causes = [m.cause for m in get("reverse_kl_estimators").mistakes]
+    assert len(causes) >= 3 and len(set(causes)) == len(causes)
+    # what the chapter shows (kl_k3) and imports (kl_k1, kl_k2), called as a student would: forward, or swapped
+    assert not check(lambda logp, logq: (kl_k1(logp, logq), kl_k3(logp, logq)), "reverse_kl_estimators", verbose=False)
+    assert not check(lambda logp, logq: (kl_k1(logq, logp), kl_k3(logq, logp)), "reverse_kl_estimators", verbose=False)
+    assert not check(lambda logp, logq: (kl_k2(logq, logp), kl_k3(logq, logp)), "reverse_kl_estimators", verbose=False)
 
 
 def test_adaptive_kl_beta_matches_the_controller_class():

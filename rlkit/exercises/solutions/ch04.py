@@ -6,11 +6,12 @@ r"""Checkers for the exercises of chapter 4, ``lessons/04_kl_trpo_ppo.ipynb``.
   :math:`\sum_t \mathbb E_{y_{t-1}\sim p}[\mathrm{KL}(p(\cdot\mid y_{t-1})\,\|\,q(\cdot\mid y_{t-1}))]`,
   with :math:`0\log 0 = 0`.
   (The chapter displays ``rlkit.divergences.kl_categorical``, the one-step KL.)
-* ``kl_estimators(logp, logq)``: the per-sample estimators :math:`(k_1, k_2, k_3)` of
-  :math:`\mathrm{KL}(p\,\|\,q)` from samples of :math:`p`, with :math:`\ell = \log q - \log p`:
-  :math:`k_1 = -\ell`, :math:`k_2 = \ell^2/2`, :math:`k_3 = e^\ell - 1 - \ell`, checked to a
-  relative tolerance that rejects :math:`k_3` computed as ``exp(l) - 1 - l`` (cancellation at
-  small :math:`|\ell|`; use ``expm1``).
+* ``reverse_kl_estimators(logp, logq)``: two per-sample estimators of the REVERSE divergence
+  :math:`\mathrm{KL}(q\,\|\,p)` from samples of :math:`p`, with :math:`\ell = \log q - \log p` and
+  :math:`r = e^\ell`: :math:`r_1 = r\ell` and :math:`r_3 = r\ell - (r - 1) = (\ell - 1)e^\ell + 1 \ge 0`,
+  checked to a relative tolerance that rejects :math:`r_3` computed with ``exp`` (cancellation at small
+  :math:`|\ell|`; use ``expm1``). (The chapter displays ``kl_k3`` and imports ``kl_k1``, ``kl_k2``, which
+  estimate :math:`\mathrm{KL}(p\,\|\,q)` and passed the old exercise.)
 * ``adaptive_kl_beta(beta, kl, target)``: one update of the PPO paper's penalty coefficient
   (double above :math:`1.5\,D_{targ}`, halve below :math:`D_{targ}/1.5`).
 * ``clipped_surrogate_loss(logp_new, logp_old, advantages, eps)``: PPO-clip's per-sample loss
@@ -113,19 +114,18 @@ def _skl_reversed(logits_p, logits_q, start, T):
     return _seq_kl(logits_q, logits_p, start, T)
 
 
-# --------------------------------------------------------------------------- 2. kl_estimators
+# --------------------------------------------------------------------------- 2. reverse_kl_estimators
 
-def _est_cases():
+def _rev_cases():
     g = torch.Generator().manual_seed(402)
     return [
         Case(args=(torch.tensor([math.log(0.5), math.log(0.25)]), torch.tensor([math.log(0.25), math.log(0.5)])),
-             label="two samples, ratios 1/2 and 2"),
+             label="two samples, ratios q/p = 1/2 and 2"),
         Case(args=(torch.randn(8, 16, generator=g), torch.randn(8, 16, generator=g)), label="[8, 16] tokens"),
         Case(args=(torch.zeros(3, dtype=F64), torch.tensor([-20.0, 0.0, 20.0], dtype=F64)),
              label="large log-ratios, float64"),
-        # nearly identical policies (the first epochs of an update, a reference model close to the
-        # policy): k3 ~ l^2 / 2 is 5e-9 at |l| = 1e-4, far below the rounding error of exp(l) - 1 in
-        # float32 (6e-8); expm1(l) - l keeps about 3 correct digits there
+        # nearly identical policies: r3 ~ l^2 / 2 is 5e-9 at |l| = 1e-4, far below the rounding error of
+        # (l - 1) e^l + 1 in float32; the expm1 form keeps about 3 correct digits there
         Case(args=(_LOGP_TINY, _LOGP_TINY + torch.tensor([1e-4, -1e-4, 2e-4, -3e-4, 1.5e-4, -2e-4])),
              label="tiny log-ratios |l| ~ 1e-4, float32"),
         Case(args=(_LOGP_TINY[:5].double(), _LOGP_TINY[:5].double()
@@ -135,62 +135,53 @@ def _est_cases():
 
 
 _LOGP_TINY = torch.tensor([-0.7, -1.3, -2.1, -0.2, -3.0, -1.0])
-# the outputs are compared RELATIVELY (atol 0): k3 at a tiny log-ratio is tiny, and an absolute
-# tolerance would accept any answer there. rtol 5e-3 leaves room for the float32 rounding of
-# expm1(l) - l itself (at most 7e-4 on these cases).
+# the outputs are compared RELATIVELY (atol 0): r3 at a tiny log-ratio is tiny, and an absolute
+# tolerance would accept any answer there. rtol 5e-3 leaves room for the float32 rounding of the
+# expm1 form itself (about 1e-3 on these cases).
 
 
-@exercise(chapter=4, cases=_est_cases, atol=0.0, rtol=5e-3,
-          description="k1, k2, k3 estimators of KL(p || q) from samples of p")
-def kl_estimators(logp, logq):
-    r"""Per-sample :math:`(k_1, k_2, k_3)` with :math:`\ell = \log q - \log p`."""
+def _r3(lr):
+    """(l - 1) e^l + 1 = l expm1(l) - (expm1(l) - l), without the cancellation of forming e^l."""
+    em1 = torch.expm1(lr)
+    return lr * em1 - (em1 - lr)
+
+
+@exercise(chapter=4, cases=_rev_cases, atol=0.0, rtol=5e-3,
+          description="two estimators of the reverse KL(q || p) from samples of p")
+def reverse_kl_estimators(logp, logq):
+    r"""Per-sample :math:`(r_1, r_3) = (e^\ell\ell,\ (\ell - 1)e^\ell + 1)` with :math:`\ell = \log q - \log p`."""
     V.matching_floats(min_dim=0, logp=logp, logq=logq)
     lr = logq - logp
-    return -lr, 0.5 * lr * lr, torch.expm1(lr) - lr
+    return torch.exp(lr) * lr, _r3(lr)
 
 
-@mistake(kl_estimators, "k1 has the wrong sign: with samples from p, k1 = log p - log q = -(log q - log p)")
-def _est_k1_sign(logp, logq):
-    k1, k2, k3 = kl_estimators(logp, logq)
-    return -k1, k2, k3
-
-
-@mistake(kl_estimators, "k2 is half the squared log-ratio, (log q - log p)^2 / 2")
-def _est_k2_no_half(logp, logq):
-    k1, k2, k3 = kl_estimators(logp, logq)
-    return k1, 2 * k2, k3
-
-
-@mistake(kl_estimators, "the ratio is the wrong way round: the log-ratio is l = log q - log p "
-         "(the other distribution over the sampling one), so that E_p[e^l] = 1")
-def _est_k3_wrong_ratio(logp, logq):
-    k1, k2, k3 = kl_estimators(logq, logp)
-    return -k1, k2, k3
-
-
-@mistake(kl_estimators, "k3 is e^l - 1 - l (minus l): it is the gap between e^l and its tangent 1 + l, "
-         "hence never negative")
-def _est_k3_plus(logp, logq):
-    k1, k2, k3 = kl_estimators(logp, logq)
-    return k1, k2, k3 - 2 * k1
-
-
-_NO_EXPM1 = ("k3 computed as exp(l) - 1 - l loses all its digits when the log-ratio l is tiny: e^l is "
-             "1 + l + l^2/2 + ..., its l^2/2 part is far below the rounding error of numbers near 1 (6e-8 "
-             "in float32, 1e-16 in float64), and subtracting 1 cancels the leading digits. Use "
-             "torch.expm1(l) - l: expm1 computes e^l - 1 without forming e^l")
-
-
-@mistake(kl_estimators, _NO_EXPM1)
-def _est_k3_no_expm1(logp, logq):
+@mistake(reverse_kl_estimators, "these are k1 and k3 of the chapter, estimators of KL(p || q); the reverse "
+         "divergence KL(q || p) = E_q[log q/p] needs the importance weight r = q/p under samples of p")
+def _rev_forward(logp, logq):
     lr = logq - logp
-    return -lr, 0.5 * lr * lr, torch.exp(lr) - 1 - lr
+    return -lr, torch.expm1(lr) - lr
 
 
-@mistake(kl_estimators, _NO_EXPM1 + " (written here as exp(l) - (1 + l), which also rounds 1 + l)")
-def _est_k3_no_expm1_grouped(logp, logq):
+@mistake(reverse_kl_estimators, "r1 lacks the importance weight: under samples of p, E_p[l] = -KL(p || q); "
+         "E_p[r l] = E_q[l] = KL(q || p) with r = e^l = q/p")
+def _rev_no_weight(logp, logq):
     lr = logq - logp
-    return -lr, 0.5 * lr * lr, torch.exp(lr) - (1 + lr)
+    return lr, _r3(lr)
+
+
+@mistake(reverse_kl_estimators, "the control variate has the wrong sign: E_p[r - 1] = 0, and r3 = r l - (r - 1) "
+         "is the one that is never negative (r log r - r + 1 >= 0)")
+def _rev_plus(logp, logq):
+    lr = logq - logp
+    return torch.exp(lr) * lr, torch.exp(lr) * lr + torch.expm1(lr)
+
+
+@mistake(reverse_kl_estimators, "r3 computed as (l - 1) * exp(l) + 1 loses all its digits when the log-ratio l "
+         "is tiny: the result is about l^2/2, far below the rounding error of numbers near 1 (6e-8 in float32), "
+         "and adding 1 cancels the leading digits. Use torch.expm1: r3 = l * expm1(l) - (expm1(l) - l)")
+def _rev_no_expm1(logp, logq):
+    lr = logq - logp
+    return torch.exp(lr) * lr, (lr - 1) * torch.exp(lr) + 1
 
 
 # --------------------------------------------------------------------------- 3. adaptive_kl_beta
