@@ -95,19 +95,22 @@ def test_an_empty_row_gets_neither_score_nor_penalty():
     assert math.isfinite(float(out.sum()))
 
 
-def test_the_dtype_contract_of_pass_at_k_is_checked():
-    """The review's float32 pass@k (the exercise states float64) passed the checker of rlkit 0.2; it must not."""
-    def pass_at_k_float32(n, c, k):
-        return torch.tensor([1.0 - math.comb(int(a) - int(b), k) / math.comb(int(a), k) for a, b in zip(n, c)],
-                            dtype=torch.float32)
+def test_the_dtype_contract_of_best_of_k_is_checked():
+    """The review's float32 pass@k (the exercise stated float64) passed the checker of rlkit 0.2; it must not.
+    The exercise is now chapter 22's best_of_k_estimate, its generalisation to graded rewards (issue 23)."""
+    def best_of_k_float32(rewards, k):
+        n = rewards.shape[-1]
+        w = torch.tensor([math.comb(i - 1, k - 1) / math.comb(n, k) for i in range(1, n + 1)], dtype=torch.float32)
+        return (rewards.float().sort(-1).values * w).sum(-1)
 
-    result = check(pass_at_k_float32, "pass_at_k_estimate", verbose=False)
+    result = check(best_of_k_float32, "best_of_k_estimate", verbose=False)
     assert not result and "wrong dtype: expected torch.float64, got torch.float32" in result.message
 
 
 def _vtrace_slip(swap=False, raw_delta_weight=False, undiscounted_trace=False):
-    """A student's V-trace target as a forward sum (not the backward recursion of the reference), with one slip."""
-    def vtrace_target(log_rhos, rewards, values, next_values, discounts, clip_rho, clip_c):
+    """A student's n-step V-trace target as a forward sum over each window (the reference is written
+    differently), with one slip."""
+    def vtrace_nstep_target(log_rhos, rewards, values, next_values, discounts, clip_rho, clip_c, n):
         rho = torch.exp(log_rhos)
         w_delta = rho if raw_delta_weight else rho.clamp(max=clip_c if swap else clip_rho)
         c = rho.clamp(max=clip_rho if swap else clip_c)
@@ -116,42 +119,51 @@ def _vtrace_slip(swap=False, raw_delta_weight=False, undiscounted_trace=False):
         out = values.clone()
         for t in range(T):
             coef = torch.ones_like(values[..., 0])
-            for s in range(t, T):
+            for s in range(t, min(t + n, T)):
                 out[..., t] = out[..., t] + coef * delta[..., s]
                 coef = coef * (1.0 if undiscounted_trace else discounts[..., s]) * c[..., s]
         return out
-    return vtrace_target
+    return vtrace_nstep_target
 
 
-def _nstep_off_by_one(rewards, values, mask, n):
+def _nstep_off_by_one(rewards, values, mask, lam, h):
+    """Chapter 14's truncated lambda-return, its n-step targets bootstrapped one token early."""
     L = mask.sum(-1).long()
     out = torch.zeros_like(rewards)
     for i in range(rewards.shape[0]):
         for t in range(int(L[i])):
-            end = min(t + n, int(L[i]))
-            boot = values[i, t + n - 1] if t + n < int(L[i]) else 0.0
-            out[i, t] = rewards[i, t:end].sum() + boot
+            def G(n, i=i, t=t):
+                end = min(t + n, int(L[i]))
+                return rewards[i, t:end].sum() + (values[i, t + n - 1] if t + n < int(L[i]) else 0.0)
+            out[i, t] = sum((1 - lam) * lam ** (n - 1) * G(n) for n in range(1, h)) + lam ** (h - 1) * G(h)
     return out
 
 
-def _expectile_mean_over_all(diff, kappa, mask):
-    u = diff.masked_fill(~mask, 0.0)
-    w = (kappa - (u < 0).to(u.dtype)).abs()
-    return (w * u ** 2).mean()
+def _expectile_over_all_entries(values, kappa, mask):
+    # chapter 21's expectile by bisection, as a student might write it, over every entry, padding included
+    out = torch.zeros(values.shape[0], dtype=values.dtype)
+    for b in range(values.shape[0]):
+        x, lo, hi = values[b], float(values[b].min()), float(values[b].max())
+        for _ in range(200):
+            v = 0.5 * (lo + hi)
+            g = kappa * float((x - v).clamp_min(0).sum()) - (1 - kappa) * float((v - x).clamp_min(0).sum())
+            lo, hi = (v, hi) if g > 0 else (lo, v)
+        out[b] = 0.5 * (lo + hi)
+    return out
 
 
 MORE_SLIPS = [
-    ("vtrace_target", _vtrace_slip(swap=True), "rho-bar and c-bar are swapped"),
-    ("vtrace_target", _vtrace_slip(raw_delta_weight=True), "weighted by the raw ratio"),
-    ("vtrace_target", _vtrace_slip(undiscounted_trace=True), "the discount is missing from the trace"),
-    ("nstep_target", _nstep_off_by_one, "off by one"),
-    ("expectile_loss", _expectile_mean_over_all, "the mean is over ALL entries"),
+    ("vtrace_nstep_target", _vtrace_slip(swap=True), "rho-bar and c-bar are swapped"),
+    ("vtrace_nstep_target", _vtrace_slip(raw_delta_weight=True), "weighted by the raw ratio"),
+    ("vtrace_nstep_target", _vtrace_slip(undiscounted_trace=True), "the discount is missing from the trace"),
+    ("truncated_lambda_target", _nstep_off_by_one, "off by one in the n-step targets"),
+    ("masked_expectile", _expectile_over_all_entries, "the padding counts"),
 ]
 
 
 @pytest.mark.parametrize("name, slip, cause", MORE_SLIPS, ids=[f"{s[0]}-{s[2][:20]}" for s in MORE_SLIPS])
 def test_the_review_s_uncaused_slips_now_have_a_cause(name, slip, cause):
-    """The V-trace slips (chapter 16), the n-step off-by-one (14) and the mean over all entries (21), which the
+    """The V-trace slips (chapter 16), the n-step off-by-one (14) and the padding counted (21), which the
     teaching review saw caught with only "first differing element"."""
     result = check(slip, name, verbose=False)
     assert not result, f"{name}: the slip passed"
@@ -159,4 +171,4 @@ def test_the_review_s_uncaused_slips_now_have_a_cause(name, slip, cause):
 
 
 def test_a_correct_forward_sum_vtrace_is_accepted():
-    assert check(_vtrace_slip(), "vtrace_target", verbose=False)
+    assert check(_vtrace_slip(), "vtrace_nstep_target", verbose=False)

@@ -4,7 +4,7 @@ A mutant is an exercise's reference solution with one argument frozen to its val
 first case (the answer a student gets by hard-coding, say, ``target=0.01``). ``check`` must fail
 every mutant, for every argument of every exercise, tensors included: 270 mutants over 87
 exercises when the reliability review ran the probe, of which 10 passed (S9: ``adaptive_kl_beta``'s
-``target``, ``kl_lr_update``'s ``threshold``, ``adaptive_centre_loss``'s ``eps``,
+``target``, ``kl_lr_update``'s ``threshold``, ``adaptive_centre_loss``'s ``eps`` (now ``adaptive_dual_clip_loss``),
 ``first_alert_step``'s ``max_value``, ``model_token_mask``'s ``prompt_len`` and ``eos_id``,
 ``pid_lambdas``'s ``budget``, and ``trl_aggregate``'s ``max_len``, ``per_token_loss`` and ``mask``).
 
@@ -123,7 +123,7 @@ def test_the_raise_only_exceptions_are_still_needed():
 S9 = [
     ("adaptive_kl_beta", "target"),
     ("kl_lr_update", "threshold"),
-    ("adaptive_centre_loss", "eps"),
+    ("adaptive_dual_clip_loss", "eps"),
     ("first_alert_step", "max_value"),
     ("model_token_mask", "prompt_len"),
     ("model_token_mask", "eos_id"),
