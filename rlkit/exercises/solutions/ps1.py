@@ -19,8 +19,7 @@ from rlkit.exercises.problem_sets import Test
 from rlkit.exercises.problem_sets import ps1 as _visible
 from rlkit.exercises.problem_sets.ps1 import greedy_return
 
-__all__ = ["reward_to_go", "gae_advantages", "ppo_clip_loss", "collect_rollout", "ppo_update", "train_ppo",
-           "reference_namespace", "HIDDEN"]
+__all__: list[str] = []   # instructor data (the reference and the hidden tests), not library API
 
 
 # --------------------------------------------------------------------------------- the reference

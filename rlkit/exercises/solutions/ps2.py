@@ -21,8 +21,7 @@ from rlkit.exercises.problem_sets.ps2 import (
     tiny_model,
 )
 
-__all__ = ["group_advantages", "response_logprobs", "grpo_loss", "grpo_train", "reference_namespace", "ANSWER_CELLS",
-           "HIDDEN"]
+__all__: list[str] = []   # instructor data (the reference and the hidden tests), not library API
 
 
 # ------------------------------------------------------------------------------------------------

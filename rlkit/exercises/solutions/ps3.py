@@ -13,8 +13,7 @@ from torch import nn
 from rlkit.exercises.problem_sets import Test
 from rlkit.exercises.problem_sets.ps3 import LEARN_RETURN, LEARN_STEPS, assert_close, driver_run
 
-__all__ = ["mean_tv", "update_shift_estimate", "staleness_estimate", "decoupled_clip_loss", "stale_ppo",
-           "reference_namespace", "ANSWER_CELLS", "HIDDEN"]
+__all__: list[str] = []   # instructor data (the reference and the hidden tests), not library API
 
 
 # ------------------------------------------------------------------------------------------------

@@ -16,8 +16,7 @@ from torch import nn
 from rlkit.exercises.problem_sets import Test
 from rlkit.exercises.problem_sets.ps4 import HazardGrid, PS4Config, exact_values, rollout
 
-__all__ = ["lagrangian_advantage", "dual_ascent_step", "PIDMultiplier", "ppo_clip_loss", "train_constrained",
-           "reference_namespace", "HIDDEN"]
+__all__: list[str] = []   # instructor data (the reference and the hidden tests), not library API
 
 
 # ------------------------------------------------------------------------------------------ the reference

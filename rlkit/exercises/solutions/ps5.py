@@ -29,8 +29,7 @@ from rlkit.exercises.problem_sets import ps5 as _visible
 from rlkit.exercises.problem_sets.ps1 import greedy_return
 from rlkit.exercises.solutions import ps1 as _ps1
 
-__all__ = ["collect_rollout", "gae_advantages", "ppo_update", "diagnose_rollout", "diagnose_gae", "diagnose_update",
-           "reference_namespace", "HIDDEN", "BUGS"]
+__all__: list[str] = []   # instructor data (the reference and the hidden tests), not library API
 
 
 # ------------------------------------------------------------------------------- the fixed trainer
