@@ -233,7 +233,7 @@ def test_an_unknown_name_is_a_clear_error_not_a_key_error(call):
     assert isinstance(err, ValueError) and not isinstance(err, KeyError)
     msg = str(err)
     assert msg.startswith("no exercise named 'rewards_to_go' (did you mean 'reward_to_go'"), msg
-    assert "known exercises:" in msg and "gae_advantages" in msg
+    assert "known exercises:" in msg and "rewards_from_advantages" in msg
     with pytest.raises(UnknownExerciseError, match=r"no exercise named 'zzzz_qqq'; known exercises"):
         get("zzzz_qqq")           # nothing close: no "did you mean"
 
@@ -279,7 +279,7 @@ def test_every_book_exercise_with_a_float64_case_refuses_a_float32_answer():
     """The dtype is compared where the exercise states one: for every book exercise with a float64
     output (except model_token_mask, which asks for "a float 0/1 mask"), the reference with its
     floating outputs cast to float32 fails, and the message names the expected dtype."""
-    from rlkit.exercises import _call, _flatten, exercises
+    from rlkit.exercises import _flatten, call_on_case, exercises
 
     def to32(out):
         if isinstance(out, torch.Tensor) and out.dtype == torch.float64:
@@ -291,7 +291,7 @@ def test_every_book_exercise_with_a_float64_case_refuses_a_float32_answer():
     tried = 0
     for ex in exercises():
         if ex.chapter <= 0 or not any(isinstance(o, torch.Tensor) and o.dtype == torch.float64
-                                      for c in ex.get_cases() for o in _flatten(_call(ex.reference, c, ex))):
+                                      for c in ex.get_cases() for o in _flatten(call_on_case(ex.reference, c, ex))):
             continue
         ref = ex.reference
 
@@ -403,7 +403,7 @@ def test_the_stored_outputs_are_the_references_and_mistakes_outputs_now():
     within the exercise's atol/rtol and with the same dtypes; the signature and docstring are the reference's."""
     import inspect
 
-    from rlkit.exercises import _call, _compare, _outputs_or_none, read_expected
+    from rlkit.exercises import _compare, call_on_case, outputs_or_none, read_expected
 
     n = 0
     for ch, exs in _declared().items():
@@ -415,11 +415,11 @@ def test_the_stored_outputs_are_the_references_and_mistakes_outputs_now():
             assert st.signature == str(inspect.signature(ex.reference)), _record_hint(ch)
             assert st.doc == (inspect.getdoc(ex.reference) or ""), _record_hint(ch)
             for i, (case, exp) in enumerate(zip(st.cases, st.expected)):
-                diff = _compare(_call(ex.reference, case, ex), exp, ex.atol, ex.rtol, True)
+                diff = _compare(call_on_case(ex.reference, case, ex), exp, ex.atol, ex.rtol, True)
                 assert diff is None, f"{name} case {i + 1}: {diff}; {_record_hint(ch)}"
                 n += 1
             for m, (cause, outs) in zip(ex.mistakes, st.mistakes):
-                for i, (now, then) in enumerate(zip(_outputs_or_none(m.fn, st.cases, ex), outs)):
+                for i, (now, then) in enumerate(zip(outputs_or_none(m.fn, st.cases, ex), outs)):
                     where = f"{name}, mistake {cause!r}, case {i + 1}"
                     assert (now is None) == (then is None), f"{where}: {_record_hint(ch)}"
                     if now is not None:

@@ -527,7 +527,7 @@ def _run(fn: Callable, ex: Exercise | None, args: tuple, kwargs: dict):
     return fn(*args, **kwargs)
 
 
-def _call(fn: Callable, case: Case, ex: Exercise | None = None):
+def call_on_case(fn: Callable, case: Case, ex: Exercise | None = None):
     """``fn`` on a fresh copy of the case's inputs (through ``ex``'s probe, if any)."""
     return _run(fn, ex, _clone(case.args), _clone(case.kwargs))
 
@@ -535,7 +535,7 @@ def _call(fn: Callable, case: Case, ex: Exercise | None = None):
 def _differs(fn_a: Callable, fn_b: Callable, case: Case, ex: Exercise, match_dtype: bool = False) -> str | None:
     """How ``fn_a`` differs from ``fn_b`` on ``case`` (None if they agree; the floating dtypes are
     compared only with ``match_dtype``)."""
-    return _compare(_call(fn_a, case, ex), _call(fn_b, case, ex), ex.atol, ex.rtol, match_dtype)
+    return _compare(call_on_case(fn_a, case, ex), call_on_case(fn_b, case, ex), ex.atol, ex.rtol, match_dtype)
 
 
 def _inputs_modified(before, after) -> list[str]:
@@ -571,31 +571,31 @@ def _signature_problem(student_fn: Callable, ex: Exercise, cases: list[Case]) ->
     return None
 
 
-def _detached(out):
+def detached_outputs(out):
     """``out`` with every tensor detached (what is stored and compared)."""
     if isinstance(out, torch.Tensor):
         return out.detach()
     if isinstance(out, (list, tuple)) and not hasattr(out, "_fields"):
-        return type(out)(_detached(o) for o in out)
+        return type(out)(detached_outputs(o) for o in out)
     if isinstance(out, tuple):                     # a named tuple (e.g. torch.return_types): keep its items
-        return tuple(_detached(o) for o in out)
+        return tuple(detached_outputs(o) for o in out)
     return out
 
 
-def _outputs_or_none(fn: Callable, cases: list[Case], ex: Exercise) -> list:
+def outputs_or_none(fn: Callable, cases: list[Case], ex: Exercise) -> list:
     """``fn``'s outputs on each case (None where it raised)."""
     outs = []
     for case in cases:
         try:
-            outs.append(_detached(_call(fn, case, ex)))
+            outs.append(detached_outputs(call_on_case(fn, case, ex)))
         except Exception:
             outs.append(None)
     return outs
 
 
-def _live_mistakes(ex: Exercise, cases: list[Case]) -> list[tuple[str, list]]:
+def live_mistakes(ex: Exercise, cases: list[Case]) -> list[tuple[str, list]]:
     """``(cause, outputs per case)`` for each of ``ex``'s registered mistakes, run now."""
-    return [(m.cause, _outputs_or_none(m.fn, cases, ex)) for m in ex.mistakes]
+    return [(m.cause, outputs_or_none(m.fn, cases, ex)) for m in ex.mistakes]
 
 
 def _expectations(ex: Exercise) -> tuple[list[Case], list, Callable[[], list]]:
@@ -605,7 +605,7 @@ def _expectations(ex: Exercise) -> tuple[list[Case], list, Callable[[], list]]:
     if st is not None:
         return st.cases, st.expected, lambda: st.mistakes
     cases = ex.get_cases()
-    return cases, [_call(ex.reference, c, ex) for c in cases], lambda: _live_mistakes(ex, cases)
+    return cases, [call_on_case(ex.reference, c, ex) for c in cases], lambda: live_mistakes(ex, cases)
 
 
 _RAISED = object()        # a student's function raised (or modified its input) on this case

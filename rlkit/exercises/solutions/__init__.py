@@ -50,7 +50,7 @@ def _probe_name(ex) -> str | None:
 
 
 def _record_one(ex) -> dict:
-    from rlkit.exercises import _call, _detached, _outputs_or_none
+    from rlkit.exercises import call_on_case, detached_outputs, outputs_or_none
 
     cases = ex.get_cases()
     sig = inspect.signature(ex.reference)
@@ -59,8 +59,8 @@ def _record_one(ex) -> dict:
         "rtol": float(ex.rtol), "match_dtype": bool(ex.match_dtype), "probe": _probe_name(ex),
         "signature": str(sig), "parameters": list(sig.parameters), "doc": inspect.getdoc(ex.reference) or "",
         "cases": [{"args": tuple(c.args), "kwargs": dict(c.kwargs), "label": c.label} for c in cases],
-        "expected": [_detached(_call(ex.reference, c, ex)) for c in cases],
-        "mistakes": [{"cause": m.cause, "outputs": _outputs_or_none(m.fn, cases, ex)} for m in ex.mistakes],
+        "expected": [detached_outputs(call_on_case(ex.reference, c, ex)) for c in cases],
+        "mistakes": [{"cause": m.cause, "outputs": outputs_or_none(m.fn, cases, ex)} for m in ex.mistakes],
     }
 
 
@@ -131,7 +131,7 @@ def hidden_cases(name: str, seed: int) -> list:
     those the reference accepts. An exercise whose cases are a fixed list, or whose generator seeds
     no generator, has no hidden cases (``[]``); :func:`hidden_report` lists them.
     """
-    from rlkit.exercises import _call, get, identical
+    from rlkit.exercises import call_on_case, get, identical
 
     ex = get(name)
     if not callable(ex.cases) or int(seed) == 0:
@@ -146,7 +146,7 @@ def hidden_cases(name: str, seed: int) -> list:
         if i < len(visible) and identical((case.args, case.kwargs), (visible[i].args, visible[i].kwargs)):
             continue
         try:
-            _call(ex.reference, case, ex)
+            call_on_case(ex.reference, case, ex)
         except Exception:
             continue
         out.append(case)
@@ -156,11 +156,11 @@ def hidden_cases(name: str, seed: int) -> list:
 def hidden_expectations(name: str, seed: int):
     """``(cases, expected outputs, mistakes)`` for :func:`rlkit.exercises.check_on` on the hidden cases:
     the reference and the registered mistakes run now, live."""
-    from rlkit.exercises import _call, _detached, _live_mistakes, get
+    from rlkit.exercises import call_on_case, detached_outputs, get, live_mistakes
 
     ex = get(name)
     cases = hidden_cases(name, seed)
-    return cases, [_detached(_call(ex.reference, c, ex)) for c in cases], lambda: _live_mistakes(ex, cases)
+    return cases, [detached_outputs(call_on_case(ex.reference, c, ex)) for c in cases], lambda: live_mistakes(ex, cases)
 
 
 def hidden_report(seed: int = 1) -> dict[str, int]:
