@@ -2,8 +2,8 @@
 
 Every reference passes its own checker, every registered mistake is caught and diagnosed with its
 own cause, and the references agree with independent computations: hand-worked values, closed
-forms, slow loops written here, and rlkit's library functions (returns.gae, returns.n_step_returns,
-offpolicy.importance_ratio, estimators.effective_sample_size / importance_weight_variance).
+forms, slow loops written here, and rlkit's library functions (returns.gae, whose inverse chapter 2
+asks for, returns.n_step_returns, offpolicy.importance_ratio, estimators.effective_sample_size / importance_weight_variance).
 """
 import math
 
@@ -13,7 +13,7 @@ import torch
 
 from rlkit.exercises import check, exercises, get
 
-CH02 = ["k_step_advantage", "gae_advantages", "lambda_average", "optimal_constant_baseline"]
+CH02 = ["k_step_advantage", "rewards_from_advantages", "lambda_average", "optimal_constant_baseline"]
 CH03 = ["importance_sampling_estimate", "chi_square_divergence", "ess_from_log_weights", "gspo_sequence_loss"]
 ALL = CH02 + CH03
 
@@ -29,10 +29,10 @@ def test_each_exercise_knows_at_least_three_mistakes(name):
 
 
 def test_not_implemented_is_reported():
-    def gae_advantages(rewards, values, next_values, discounts, lam):
+    def rewards_from_advantages(advantages, values, next_values, discounts, lam):
         raise NotImplementedError
 
-    result = check(gae_advantages, verbose=False)
+    result = check(rewards_from_advantages, verbose=False)
     assert not result and "not implemented" in result.message
 
 
@@ -76,47 +76,79 @@ def test_k_step_advantage_is_a_telescoped_sum_of_td_errors_and_matches_n_step_re
                 assert math.isclose(float(out[b, t]), total, rel_tol=1e-10, abs_tol=1e-10)
 
 
-def test_gae_advantages_matches_library_and_closed_forms():
-    from rlkit.returns import discounted_returns, gae, td_errors
+def test_rewards_from_advantages_inverts_the_library_gae():
+    from rlkit.returns import gae, td_errors
 
-    ref = get("gae_advantages").reference
+    ref = get("rewards_from_advantages").reference
     r, v, nv, d = _rows(2, (4, 13))
-    for lam in (0.0, 0.5, 0.95, 1.0):
-        assert torch.allclose(ref(r, v, nv, d, lam), gae(r, v, nv, d, lam)[0], atol=1e-12)
-    # lam = 0: the TD error; lam = 1: the discounted return bootstrapped with nv[-1], minus V
-    assert torch.allclose(ref(r, v, nv, d, 0.0), td_errors(r, v, nv, d), atol=1e-12)
-    assert torch.allclose(ref(r, v, nv, d, 1.0), discounted_returns(r, d, nv[..., -1]) - v, atol=1e-12)
-    # a zero in a per-step lam cuts the trace at that step
-    lam = torch.full_like(r, 0.9)
-    lam[:, 6] = 0.0
-    out = ref(r, v, nv, d, lam)
-    assert torch.allclose(out[:, 6], td_errors(r, v, nv, d)[:, 6], atol=1e-12)
-    assert torch.allclose(out, gae(r, v, nv, d, lam)[0], atol=1e-12)
+    lam_cut = torch.full_like(r, 0.9)
+    lam_cut[:, 6] = 0.0
+    for lam in (0.0, 0.5, 0.95, 1.0, lam_cut):
+        adv = gae(r, v, nv, d, lam)[0]
+        assert torch.allclose(ref(adv, v, nv, d, lam), r, atol=1e-12)
+        # and the other way round: any advantages are the GAE of the rewards recovered from them
+        a = torch.randn_like(r)
+        assert torch.allclose(gae(ref(a, v, nv, d, lam), v, nv, d, lam)[0], a, atol=1e-12)
+    # lam = 0: the advantages are the TD errors, so r = A - gamma_t V(s_{t+1}) + V(s_t) step by step
+    delta = td_errors(r, v, nv, d)
+    assert torch.allclose(ref(delta, v, nv, d, 0.0), r, atol=1e-12)
 
 
-def _student_gae(gamma_in_delta, gamma_in_trace):
-    # a student's GAE loop, written here; each gamma is "per-step" (the discounts) or "constant"
-    def gae_advantages(rewards, values, next_values, discounts, lam):
-        lam = lam if isinstance(lam, torch.Tensor) else torch.full_like(rewards, float(lam))
+def test_rewards_from_advantages_slow_loop_and_hand_case():
+    ref = get("rewards_from_advantages").reference
+    g = torch.Generator().manual_seed(12)
+    a = torch.randn(3, 8, generator=g, dtype=torch.float64)
+    v = torch.randn(3, 8, generator=g, dtype=torch.float64)
+    nv = torch.randn(3, 8, generator=g, dtype=torch.float64)
+    d = 0.9 * (torch.rand(3, 8, generator=g) > 0.3).double()
+    lam = torch.rand(3, 8, generator=g, dtype=torch.float64)
+    out = ref(a, v, nv, d, lam)
+    for b in range(3):
+        for t in range(8):
+            a_next = float(a[b, t + 1]) if t + 1 < 8 else 0.0
+            delta = float(a[b, t]) - float(d[b, t]) * float(lam[b, t]) * a_next
+            expected = delta - float(d[b, t]) * float(nv[b, t]) + float(v[b, t])
+            assert math.isclose(float(out[b, t]), expected, rel_tol=1e-12, abs_tol=1e-12)
+    # hand case: A = (2, 1), V = (0.5, 0.5), V(s_1) = 0.5, V(s_2) = 0 (terminal), gamma_t = (0.9, 0),
+    # lam = 0.5: delta_0 = 2 - 0.45 * 1 = 1.55, r_0 = 1.55 - 0.45 + 0.5 = 1.6; delta_1 = 1, r_1 = 1.5
+    out = ref(torch.tensor([2.0, 1.0]), torch.tensor([0.5, 0.5]), torch.tensor([0.5, 0.0]),
+              torch.tensor([0.9, 0.0]), 0.5)
+    assert torch.allclose(out, torch.tensor([1.6, 1.5]))
+
+
+def test_the_displayed_gae_called_as_a_student_would_fails():
+    from rlkit.returns import gae
+
+    def rewards_from_advantages(advantages, values, next_values, discounts, lam):
+        return gae(advantages, values, next_values, discounts, lam)[0]
+
+    assert not check(rewards_from_advantages, verbose=False)
+
+
+def _student_inverse(gamma_in_reward, gamma_in_trace):
+    # a student's inversion, written here; each gamma is "per-step" (the discounts) or "constant"
+    def rewards_from_advantages(advantages, values, next_values, discounts, lam):
+        lam = lam if isinstance(lam, torch.Tensor) else torch.full_like(advantages, float(lam))
         const = torch.full_like(discounts, float(discounts.max()))
-        g_delta = discounts if gamma_in_delta == "per-step" else const
+        g_rew = discounts if gamma_in_reward == "per-step" else const
         g_trace = discounts if gamma_in_trace == "per-step" else const
-        out, a = torch.empty_like(rewards), torch.zeros_like(rewards[..., 0])
-        for t in range(rewards.shape[-1] - 1, -1, -1):
-            delta = rewards[..., t] + g_delta[..., t] * next_values[..., t] - values[..., t]
-            a = delta + g_trace[..., t] * lam[..., t] * a
-            out[..., t] = a
+        out = torch.empty_like(advantages)
+        T = advantages.shape[-1]
+        for t in range(T):
+            a_next = advantages[..., t + 1] if t + 1 < T else torch.zeros_like(advantages[..., t])
+            delta = advantages[..., t] - g_trace[..., t] * lam[..., t] * a_next
+            out[..., t] = delta - g_rew[..., t] * next_values[..., t] + values[..., t]
         return out
-    return gae_advantages
+    return rewards_from_advantages
 
 
-@pytest.mark.parametrize("in_delta,in_trace,says", [
+@pytest.mark.parametrize("in_reward,in_trace,says", [
     ("per-step", "per-step", None),
     ("constant", "constant", "one constant gamma (the largest discount) instead of the per-step discounts"),
-    ("per-step", "constant", "the trace runs across a termination into the next episode"),
+    ("per-step", "constant", "A_{t+1} of the next episode leaks into step t"),
 ])
-def test_a_gae_with_a_constant_gamma_is_rejected_with_its_cause(in_delta, in_trace, says):
-    result = check(_student_gae(in_delta, in_trace), verbose=False)
+def test_an_inversion_with_a_constant_gamma_is_rejected_with_its_cause(in_reward, in_trace, says):
+    result = check(_student_inverse(in_reward, in_trace), verbose=False)
     if says is None:
         assert result, result.message
     else:
@@ -126,12 +158,14 @@ def test_a_gae_with_a_constant_gamma_is_rejected_with_its_cause(in_delta, in_tra
 
 def test_gae_equals_lambda_average_of_k_step_advantages():
     # the derivation of the chapter: GAE = (1-lam) sum_k lam^(k-1) A^(k) with the tail on A^(K)
-    ks, la, ga = (get(n).reference for n in ("k_step_advantage", "lambda_average", "gae_advantages"))
+    from rlkit.returns import gae
+
+    ks, la = (get(n).reference for n in ("k_step_advantage", "lambda_average"))
     r, v, nv, d = _rows(3, (2, 9), p_term=0.25)
     T = r.shape[-1]
     stack = torch.stack([ks(r, v, nv, d, k) for k in range(1, T + 1)], dim=-1)   # [2, T, K=T]
     for lam in (0.0, 0.3, 0.9, 1.0):
-        assert torch.allclose(la(stack, lam), ga(r, v, nv, d, lam), atol=1e-10)
+        assert torch.allclose(la(stack, lam), gae(r, v, nv, d, lam)[0], atol=1e-10)
 
 
 def test_lambda_average_hand_case_and_weights_sum_to_one():
@@ -166,10 +200,11 @@ def test_optimal_constant_baseline_minimises_the_summed_variance():
 @pytest.mark.parametrize("name,args,err", [
     ("k_step_advantage", (torch.zeros(3), torch.zeros(3), torch.zeros(3), torch.zeros(3), 0), ValueError),
     ("k_step_advantage", (torch.zeros(3), torch.zeros(4), torch.zeros(3), torch.zeros(3), 1), ValueError),
-    ("gae_advantages", (torch.zeros(3), torch.zeros(3), torch.zeros(3), torch.zeros(3), 1.5), ValueError),
-    ("gae_advantages", (torch.zeros(3, dtype=torch.int64), torch.zeros(3), torch.zeros(3), torch.zeros(3), 0.5),
-     TypeError),
-    ("gae_advantages", (torch.zeros(3), torch.zeros(3), torch.zeros(3), torch.zeros(3), torch.zeros(4)), ValueError),
+    ("rewards_from_advantages", (torch.zeros(3), torch.zeros(3), torch.zeros(3), torch.zeros(3), 1.5), ValueError),
+    ("rewards_from_advantages", (torch.zeros(3, dtype=torch.int64), torch.zeros(3), torch.zeros(3), torch.zeros(3),
+                                 0.5), TypeError),
+    ("rewards_from_advantages", (torch.zeros(3), torch.zeros(3), torch.zeros(3), torch.zeros(3), torch.zeros(4)),
+     ValueError),
     ("lambda_average", (torch.zeros(3), -0.1), ValueError),
     ("optimal_constant_baseline", (torch.zeros(4, 2), torch.zeros(3)), ValueError),
     ("importance_sampling_estimate", (torch.zeros(3), torch.zeros(3), torch.zeros(4)), ValueError),

@@ -22,17 +22,17 @@ def _reinforce_loss_over_T(logits, actions, weights, mask):
     return per_step.sum() / logits.shape[1]
 
 
-def _gae_shifted_trace(rewards, values, next_values, discounts, lam):
-    lam = torch.as_tensor(lam, dtype=rewards.dtype).expand_as(rewards)
-    delta = rewards + discounts * next_values - values
-    adv = torch.zeros_like(delta)
-    acc = torch.zeros_like(delta[..., 0])
-    T = delta.shape[-1]
-    for t in reversed(range(T)):
-        nxt = (discounts[..., t + 1] * lam[..., t + 1]) if t + 1 < T else torch.zeros_like(acc)
-        acc = delta[..., t] + nxt * acc
-        adv[..., t] = acc
-    return adv
+def _inverse_shifted_trace(advantages, values, next_values, discounts, lam):
+    lam = torch.as_tensor(lam, dtype=advantages.dtype).expand_as(advantages)
+    rewards = torch.zeros_like(advantages)
+    T = advantages.shape[-1]
+    for t in range(T):
+        if t + 1 < T:
+            delta = advantages[..., t] - discounts[..., t + 1] * lam[..., t + 1] * advantages[..., t + 1]
+        else:
+            delta = advantages[..., t]
+        rewards[..., t] = delta - discounts[..., t] * next_values[..., t] + values[..., t]
+    return rewards
 
 
 def _ess_fraction(log_w):
@@ -59,7 +59,7 @@ def _tis_no_mask(logp_learner, logp_sampler, mask, cap):
 
 SLIPS = [
     ("reinforce_loss", _reinforce_loss_over_T, "you divided by T"),
-    ("gae_advantages", _gae_shifted_trace, "discounts[..., t+1] * lam[..., t+1]"),
+    ("rewards_from_advantages", _inverse_shifted_trace, "discounts[..., t+1] * lam[..., t+1]"),
     ("ess_from_log_weights", _ess_fraction, "ESS *fraction*"),
     ("kl_shaped_rewards", _shaped_rewards_wrapping, "index -1 wraps around"),
     ("response_logprob", _response_logprob_hf_shift, "Hugging Face"),

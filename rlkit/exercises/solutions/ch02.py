@@ -6,8 +6,9 @@ variants whose outputs :func:`rlkit.exercises.check` recognises ("likely cause: 
 * ``k_step_advantage(rewards, values, next_values, discounts, k)``: the k-step advantage
   :math:`\hat A^{(k)}_t = \sum_{l<m}\big(\prod_{j<l}\gamma_{t+j}\big) r_{t+l}
   + \big(\prod_{j<m}\gamma_{t+j}\big) V(s_{t+m}) - V(s_t)`, :math:`m = \min(k, T-t)`.
-* ``gae_advantages(rewards, values, next_values, discounts, lam)``: the backward recursion
-  :math:`\hat A_t = \delta_t + \gamma_t\lambda_t \hat A_{t+1}`, :math:`\hat A_T = 0`.
+* ``rewards_from_advantages(advantages, values, next_values, discounts, lam)``: GAE's backward
+  recursion :math:`\hat A_t = \delta_t + \gamma_t\lambda_t \hat A_{t+1}` run the other way, from stored
+  advantages back to the TD errors and the rewards (the chapter shows the forward map, ``rlkit.returns.gae``).
 * ``lambda_average(k_step, lam)``: the lambda-weighted average of the k-step advantages of a finite
   episode, :math:`(1-\lambda)\sum_{k<K}\lambda^{k-1}\hat A^{(k)} + \lambda^{K-1}\hat A^{(K)}`.
 * ``optimal_constant_baseline(scores, returns)``: the constant :math:`b` that minimises the
@@ -120,9 +121,15 @@ def _ks_wraps_around(rewards, values, next_values, discounts, k):
     return total + disc * torch.roll(next_values, -(k - 1), dims=-1) - values
 
 
-# ------------------------------------------------------------------------- 2. gae_advantages
+# ------------------------------------------------------------------ 2. rewards_from_advantages
 
-def _gae_cases():
+def _gae_forward(rewards, values, next_values, discounts, lam):
+    r"""The forward map the chapter shows (``rlkit.returns.gae``), written here for the cases."""
+    lam = V.scalar_or_like(lam, "lam", rewards, "rewards")
+    return reward_to_go(_td_errors(rewards, values, next_values, discounts), discounts * lam)
+
+
+def _rfa_cases():
     g = torch.Generator().manual_seed(2002)
     r, v, nv, d = _episode_rows(g, (3, 10), 0.15, 0.99, torch.float64)
     # a truncation at t=4 of row 0: V(final obs) differs from values[..., 5], and the trace stops
@@ -130,101 +137,117 @@ def _gae_cases():
     lam_mask = torch.ones_like(r)
     lam_mask[0, 4] = 0.0
     r2, v2, nv2, d2 = _episode_rows(g, (2, 2, 7), 0.2, 0.9)
+
+    def case(rewards, values, next_values, discounts, lam, label):
+        adv = _gae_forward(rewards, values, next_values, discounts, lam)
+        return Case(args=(adv, values, next_values, discounts, lam), label=label)
+
     return [
-        Case(args=(torch.tensor([1.0, 1.0, 1.0]), torch.tensor([0.5, 0.5, 0.5]),
-                   torch.tensor([0.5, 0.5, 0.0]), torch.tensor([0.9, 0.9, 0.0]), 0.5),
-             label="one terminating episode, lam=0.5"),
-        Case(args=(torch.tensor([1.0, 0.0, 2.0, 1.0, 0.0]), torch.tensor([0.5, 1.0, 0.2, 0.4, 0.6]),
-                   torch.tensor([1.0, 3.0, 0.4, 0.6, 2.0]), torch.tensor([0.9, 0.0, 0.9, 0.9, 0.9]), 0.5),
-             label="two episodes in one row: the first terminates at t=1 (discount 0), the second is cut "
-                   "by the end of the rollout and bootstraps from V=2"),
-        Case(args=(torch.tensor([0.0, 0.0, 0.0, 1.0]), torch.tensor([0.2, 0.4, 0.6, 0.8]),
-                   torch.tensor([0.4, 0.6, 0.8, 0.0]), torch.tensor([1.0, 1.0, 1.0, 0.0]), 0.95),
-             label="gamma=1, one reward at the end (an LLM response), lam=0.95"),
-        Case(args=(r, v, nv, d, 0.95 * lam_mask), label="[3, 10] float64, per-step lam with a truncation"),
-        Case(args=(r2, v2, nv2, d2, 0.8), label="[2, 2, 7], lam=0.8"),
+        case(torch.tensor([1.0, 1.0, 1.0]), torch.tensor([0.5, 0.5, 0.5]),
+             torch.tensor([0.5, 0.5, 0.0]), torch.tensor([0.9, 0.9, 0.0]), 0.5,
+             "one terminating episode, rewards 1, lam=0.5"),
+        case(torch.tensor([1.0, 0.0, 2.0, 1.0, 0.0]), torch.tensor([0.5, 1.0, 0.2, 0.4, 0.6]),
+             torch.tensor([1.0, 3.0, 0.4, 0.6, 2.0]), torch.tensor([0.9, 0.0, 0.9, 0.9, 0.9]), 0.5,
+             "two episodes in one row: the first terminates at t=1 (discount 0), the second is cut "
+             "by the end of the rollout and bootstraps from V=2"),
+        case(torch.tensor([0.0, 0.0, 0.0, 1.0]), torch.tensor([0.2, 0.4, 0.6, 0.8]),
+             torch.tensor([0.4, 0.6, 0.8, 0.0]), torch.tensor([1.0, 1.0, 1.0, 0.0]), 0.95,
+             "gamma=1, one reward at the end (an LLM response), lam=0.95"),
+        case(r, v, nv, d, 0.95 * lam_mask, "[3, 10] float64, per-step lam with a truncation at t=4 of row 0"),
+        case(r2, v2, nv2, d2, 0.8, "[2, 2, 7], lam=0.8"),
     ]
 
 
-@exercise(chapter=2, cases=_gae_cases, atol=1e-5,
-          description="Generalised advantage estimation by the backward recursion.")
-def gae_advantages(rewards, values, next_values, discounts, lam):
-    r""":math:`\hat A_t = \delta_t + \gamma_t\lambda_t\hat A_{t+1}`, :math:`\hat A_T = 0`; ``[..., T]``.
-
-    The recursion of chapter 1's reward-to-go, run on the TD errors with discounts :math:`\gamma_t\lambda_t`.
+@exercise(chapter=2, cases=_rfa_cases, atol=1e-5,
+          description="The rewards behind stored GAE advantages: the backward recursion run the other way.")
+def rewards_from_advantages(advantages, values, next_values, discounts, lam):
+    r"""Invert GAE: :math:`\delta_t = \hat A_t - \gamma_t\lambda_t\hat A_{t+1}` (:math:`\hat A_T = 0`),
+    then :math:`r_t = \delta_t - \gamma_t V(s_{t+1}) + V(s_t)`; all ``[..., T]``, ``lam`` a float or ``[..., T]``.
     """
-    V.matching_floats(rewards=rewards, values=values, next_values=next_values, discounts=discounts)
+    V.matching_floats(advantages=advantages, values=values, next_values=next_values, discounts=discounts)
     V.tensor_in(discounts, "discounts", 0.0, 1.0)
-    lam = V.scalar_or_like(lam, "lam", rewards, "rewards")
-    return reward_to_go(_td_errors(rewards, values, next_values, discounts), discounts * lam)
+    lam = V.scalar_or_like(lam, "lam", advantages, "advantages")
+    trace = discounts * lam
+    after = torch.cat([advantages[..., 1:], torch.zeros_like(advantages[..., :1])], dim=-1)   # A_{t+1}, A_T = 0
+    delta = advantages - trace * after
+    return delta - discounts * next_values + values
 
 
-@mistake(gae_advantages, "lambda is missing from the recursion: with A_t = delta_t + gamma_t "
-         "A_{t+1} you computed the lambda=1 (Monte Carlo) advantage")
-def _gae_no_lambda(rewards, values, next_values, discounts, lam):
-    return gae_advantages(rewards, values, next_values, discounts, 1.0)
+def _rfa_with(advantages, values, next_values, discounts, trace):
+    after = torch.cat([advantages[..., 1:], torch.zeros_like(advantages[..., :1])], dim=-1)
+    return advantages - trace * after - discounts * next_values + values
 
 
-@mistake(gae_advantages, "the discount is missing from the recursion: A_t = delta_t + gamma_t "
-         "lambda_t A_{t+1}; without gamma_t the trace also runs across terminations")
-def _gae_no_gamma(rewards, values, next_values, discounts, lam):
-    return reward_to_go(_td_errors(rewards, values, next_values, discounts), lam * torch.ones_like(rewards))
+@mistake(rewards_from_advantages, "lambda is missing: the recursion is A_t = delta_t + gamma_t lambda_t "
+         "A_{t+1}, so delta_t = A_t - gamma_t lambda_t A_{t+1}; without lambda you undid the lambda=1 "
+         "(Monte Carlo) recursion")
+def _rfa_no_lambda(advantages, values, next_values, discounts, lam):
+    return _rfa_with(advantages, values, next_values, discounts, discounts)
 
 
-@mistake(gae_advantages, "you used one constant gamma (the largest discount) instead of the per-step "
-         "discounts gamma_t = gamma (1 - terminated_t): at a termination gamma_t = 0 must drop the bootstrap "
-         "V(s_{t+1}) from delta_t and stop the trace, so use discounts[..., t] in both places")
-def _gae_constant_gamma(rewards, values, next_values, discounts, lam):
-    gamma = discounts.amax(dim=-1, keepdim=True).expand_as(discounts)
-    return gae_advantages(rewards, values, next_values, gamma, lam)
-
-
-@mistake(gae_advantages, "delta_t uses the per-step discount, but the recursion uses one constant gamma: "
-         "the trace runs across a termination into the next episode; the recursion needs "
-         "discounts[..., t] * lam, which is 0 at a terminal step")
-def _gae_constant_gamma_in_trace(rewards, values, next_values, discounts, lam):
-    gamma = discounts.amax(dim=-1, keepdim=True).expand_as(discounts)
-    lam = V.scalar_or_like(lam, "lam", rewards, "rewards")
-    return reward_to_go(_td_errors(rewards, values, next_values, discounts), gamma * lam)
-
-
-@mistake(gae_advantages, "you used discounts[..., t+1] in the recursion of step t: the "
-         "termination flag acts one step late (an off-by-one in time)")
-def _gae_next_discount(rewards, values, next_values, discounts, lam):
-    late = torch.cat([discounts[..., 1:], torch.zeros_like(discounts[..., :1])], dim=-1)
-    return reward_to_go(_td_errors(rewards, values, next_values, discounts), late * lam)
-
-
-@mistake(gae_advantages, "you used discounts[..., t+1] * lam[..., t+1] in the recursion of step t: the "
-         "trace of step t is gamma_t lambda_t, the discount and lambda of step t itself (an off-by-one in time: "
-         "a termination or a truncation acts one step late)")
-def _gae_next_discount_and_lam(rewards, values, next_values, discounts, lam):
-    lam = V.scalar_or_like(lam, "lam", rewards, "rewards")
+@mistake(rewards_from_advantages, "you used discounts[..., t+1] * lam[..., t+1] for step t: the trace "
+         "of step t is gamma_t lambda_t, the discount and lambda of step t itself (an off-by-one in time: a "
+         "termination or a truncation acts one step late)")
+def _rfa_next_trace(advantages, values, next_values, discounts, lam):
+    lam = V.scalar_or_like(lam, "lam", advantages, "advantages")
     trace = discounts * lam
     late = torch.cat([trace[..., 1:], torch.zeros_like(trace[..., :1])], dim=-1)
-    return reward_to_go(_td_errors(rewards, values, next_values, discounts), late)
+    return _rfa_with(advantages, values, next_values, discounts, late)
 
 
-@mistake(gae_advantages, "you bootstrapped with values[..., t+1] instead of "
-         "next_values[..., t]: wrong at a truncation, where V(s_{t+1}) is the value of the "
-         "final observation and values[..., t+1] already belongs to the next episode")
-def _gae_values_shifted(rewards, values, next_values, discounts, lam):
+@mistake(rewards_from_advantages, "you used values[..., t+1] instead of next_values[..., t]: wrong at a "
+         "truncation, where V(s_{t+1}) is the value of the final observation and values[..., t+1] already "
+         "belongs to the next episode")
+def _rfa_values_shifted(advantages, values, next_values, discounts, lam):
     shifted = torch.cat([values[..., 1:], next_values[..., -1:]], dim=-1)
-    return gae_advantages(rewards, values, shifted, discounts, lam)
+    return rewards_from_advantages(advantages, values, shifted, discounts, lam)
 
 
-@mistake(gae_advantages, "you returned A + V (the lambda-return, the critic's target), "
-         "not the advantage A")
-def _gae_returns_instead(rewards, values, next_values, discounts, lam):
-    return gae_advantages(rewards, values, next_values, discounts, lam) + values
+@mistake(rewards_from_advantages, "you returned the TD errors delta_t: the reward is "
+         "r_t = delta_t - gamma_t V(s_{t+1}) + V(s_t)")
+def _rfa_returns_delta(advantages, values, next_values, discounts, lam):
+    return rewards_from_advantages(advantages, values, next_values, discounts, lam) + discounts * next_values - values
 
 
-@mistake(gae_advantages, "the per-step lam is treated as one number: where lam is 0 "
-         "(a truncation) the trace must stop")
-def _gae_ignores_lam_mask(rewards, values, next_values, discounts, lam):
+@mistake(rewards_from_advantages, "you used one constant gamma (the largest discount) instead of the per-step "
+         "discounts gamma_t = gamma (1 - terminated_t): at a termination gamma_t = 0 drops the bootstrap "
+         "V(s_{t+1}) and stops the trace, so use discounts[..., t] in both places")
+def _rfa_constant_gamma(advantages, values, next_values, discounts, lam):
+    gamma = discounts.amax(dim=-1, keepdim=True).expand_as(discounts)
+    return rewards_from_advantages(advantages, values, next_values, gamma, lam)
+
+
+@mistake(rewards_from_advantages, "the bootstrap uses the per-step discount, but the trace uses one constant "
+         "gamma: a termination must stop the trace (discounts[..., t] * lam is 0 there), or A_{t+1} of the next "
+         "episode leaks into step t")
+def _rfa_constant_gamma_in_trace(advantages, values, next_values, discounts, lam):
+    gamma = discounts.amax(dim=-1, keepdim=True).expand_as(discounts)
+    lam = V.scalar_or_like(lam, "lam", advantages, "advantages")
+    return _rfa_with(advantages, values, next_values, discounts, gamma * lam)
+
+
+@mistake(rewards_from_advantages, "after the last step you took A_0 (torch.roll wraps around): there is no "
+         "step after T-1, so A_T = 0 and delta_{T-1} = A_{T-1}")
+def _rfa_wraps(advantages, values, next_values, discounts, lam):
+    lam = V.scalar_or_like(lam, "lam", advantages, "advantages")
+    after = torch.roll(advantages, -1, dims=-1)
+    return advantages - discounts * lam * after - discounts * next_values + values
+
+
+@mistake(rewards_from_advantages, "you ran the recursion forwards, delta_t = A_t - gamma_t lambda_t A_{t-1}: "
+         "A_t collects the TD errors AFTER t, so step t is undone with A_{t+1}")
+def _rfa_backwards_in_time(advantages, values, next_values, discounts, lam):
+    lam = V.scalar_or_like(lam, "lam", advantages, "advantages")
+    before = torch.cat([torch.zeros_like(advantages[..., :1]), advantages[..., :-1]], dim=-1)
+    return advantages - discounts * lam * before - discounts * next_values + values
+
+
+@mistake(rewards_from_advantages, "the per-step lam is treated as one number: where lam is 0 "
+         "(a truncation) the trace stopped, so there delta_t = A_t")
+def _rfa_ignores_lam_mask(advantages, values, next_values, discounts, lam):
     if isinstance(lam, torch.Tensor) and lam.dim() > 0:
         lam = float(lam.max())
-    return gae_advantages(rewards, values, next_values, discounts, lam)
+    return rewards_from_advantages(advantages, values, next_values, discounts, lam)
 
 
 # --------------------------------------------------------------------------- 3. lambda_average
