@@ -68,7 +68,8 @@ from pathlib import Path
 from urllib.parse import unquote
 
 __all__ = ["strip_solutions", "add_answer_cells", "answer_cell", "exercise_stub", "student_edition",
-           "is_solution_cell", "SOLUTION_NOTE", "ANSWER_TAG"]
+           "student_book_config", "build_student_book", "uncached_chapters", "is_solution_cell", "SOLUTION_NOTE",
+           "ANSWER_TAG"]
 
 #: The line that replaces each solution block in the student edition.
 SOLUTION_NOTE = "*The solution to this exercise is not included in the student edition.*"
@@ -328,7 +329,7 @@ def student_edition(out_dir, lessons_dir=None, *, force: bool = False) -> dict[s
 
 # ------------------------------------------------------------------------------------------ answer cells
 
-#: The tag of an answer cell (the nbgrader/otter convention: one code cell per answer).
+#: The tag of an answer cell, one code cell per answer as in nbgrader and otter.
 ANSWER_TAG = "answer"
 
 #: A fence that opens an ``{exercise}`` directive at the top level of a markdown cell.
