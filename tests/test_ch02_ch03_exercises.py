@@ -3,7 +3,8 @@
 Every reference passes its own checker, every registered mistake is caught and diagnosed with its
 own cause, and the references agree with independent computations: hand-worked values, closed
 forms, slow loops written here, and rlkit's library functions (returns.gae, whose inverse chapter 2
-asks for, returns.n_step_returns, offpolicy.importance_ratio, estimators.effective_sample_size / importance_weight_variance).
+asks for, returns.n_step_returns, offpolicy.importance_ratio, estimators.effective_sample_size /
+importance_weight_variance).
 """
 import math
 
@@ -14,7 +15,7 @@ import torch
 from rlkit.exercises import check, exercises, get
 
 CH02 = ["k_step_advantage", "rewards_from_advantages", "lambda_average", "optimal_constant_baseline"]
-CH03 = ["importance_sampling_estimate", "chi_square_divergence", "ess_from_log_weights", "gspo_sequence_loss"]
+CH03 = ["importance_sampling_estimate", "chi_square_divergence", "tempering_exponent", "gspo_sequence_loss"]
 ALL = CH02 + CH03
 
 
@@ -209,7 +210,9 @@ def test_optimal_constant_baseline_minimises_the_summed_variance():
     ("optimal_constant_baseline", (torch.zeros(4, 2), torch.zeros(3)), ValueError),
     ("importance_sampling_estimate", (torch.zeros(3), torch.zeros(3), torch.zeros(4)), ValueError),
     ("chi_square_divergence", (torch.zeros(3), torch.zeros(3, dtype=torch.int64)), TypeError),
-    ("ess_from_log_weights", (torch.tensor([1, 2]),), TypeError),
+    ("tempering_exponent", (torch.tensor([1, 2]), 0.5), TypeError),
+    ("tempering_exponent", (torch.zeros(3), 1.5), ValueError),
+    ("tempering_exponent", (torch.zeros(2, 0), 0.5), ValueError),
     ("gspo_sequence_loss", (torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 2), torch.zeros(2), 0.2), ValueError),
     ("gspo_sequence_loss", (torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 3), torch.zeros(3), 0.2), ValueError),
 ])
@@ -287,32 +290,90 @@ def test_chi_square_in_log_space_is_exact_where_q_underflows():
     assert math.isclose(float(chi(zp.double(), zq.double())), exact, rel_tol=1e-9)
 
 
-def test_ess_matches_library():
+def _ess_share_by_hand(log_w_row, alpha):
+    w = [math.exp(alpha * (x - max(log_w_row))) for x in log_w_row]
+    return sum(w) ** 2 / sum(x * x for x in w) / len(w)
+
+
+def test_tempering_exponent_hand_case_and_the_library_ess_at_the_answer():
     from rlkit.estimators import effective_sample_size
 
-    ess = get("ess_from_log_weights").reference
-    g = torch.Generator().manual_seed(7)
-    lw = torch.randn(4, 30, generator=g, dtype=torch.float64) * 3
-    assert torch.allclose(ess(lw), effective_sample_size(lw), rtol=1e-10)
-    assert math.isclose(float(ess(torch.log(torch.tensor([1.0, 2.0, 3.0])))), 36 / 14, rel_tol=1e-6)
+    te = get("tempering_exponent").reference
+    # weights (1, 9), share 0.8: w^(1/2) = (1, 3), ESS = 16 / 10 = 1.6 = 0.8 * 2
+    assert math.isclose(float(te(torch.tensor([0.0, math.log(9.0)], dtype=torch.float64), 0.8)), 0.5, rel_tol=1e-9)
+    g = torch.Generator().manual_seed(8)
+    lw = torch.randn(5, 60, generator=g, dtype=torch.float64) * 2.5
+    for share in (0.2, 0.5, 0.9):
+        alpha = te(lw, share)
+        assert torch.all((alpha > 0) & (alpha < 1)), alpha
+        # the library's ESS share at the answer is the target, and just above it falls below
+        at = effective_sample_size(alpha[:, None] * lw, share=True)
+        assert torch.allclose(at, torch.full_like(at, share), atol=1e-9)
+        assert torch.all(effective_sample_size((alpha[:, None] + 1e-4) * lw, share=True) < share)
+    # alpha = 1 when the full step keeps the share; equal weights keep share 1; unequal ones need alpha = 0
+    assert torch.all(te(lw, 0.0) == 1.0)
+    assert float(te(torch.zeros(7), 1.0)) == 1.0
+    # (up to the 1e-12 slack of the comparison: the share falls only quadratically from 1 at alpha = 0)
+    assert float(te(torch.tensor([0.0, 1.0]), 1.0)) < 1e-5
 
 
-def test_ess_in_float32_is_accurate_at_large_log_weights():
-    """Issue 23 (teaching review 1b): the uncentred log-sum-exp difference lost about 3e-5 relative
-    precision at log-weights near 400 in float32 (1.6481175 against the exact 1.6481637), so the
-    checker rejected a correct, more accurate answer; the reference and the library now centre first."""
+def test_tempering_exponent_against_a_grid_search_written_here():
+    te = get("tempering_exponent").reference
+    g = torch.Generator().manual_seed(9)
+    lw = torch.randn(3, 25, generator=g, dtype=torch.float64) * 3.0
+    grid = [i / 4000 for i in range(4001)]
+    for share in (0.3, 0.6):
+        out = te(lw, share)
+        for b in range(3):
+            row = [float(x) for x in lw[b]]
+            shares = [_ess_share_by_hand(row, a) for a in grid]
+            assert all(x >= y - 1e-12 for x, y in zip(shares, shares[1:]))       # the ESS falls with alpha
+            best = max(a for a, s_ in zip(grid, shares) if s_ >= share)
+            assert best <= float(out[b]) < best + 1 / 4000 + 1e-12, (share, b, best, float(out[b]))
+
+
+def test_tempering_exponent_in_float32_at_large_log_weights():
+    """The float32 precision case of the old ESS exercise (teaching review 1b) stays a case: log-weights of +400 and
+    -800 (exp overflows), and near 1e4, where the uncentred log-sum-exps keep about 3 digits."""
+    te = get("tempering_exponent").reference
+    lw = torch.tensor([[400.0, 399.0, 390.0, 380.0], [-800.0, -801.0, -805.0, -790.0]])
+    out = te(lw, 0.6)
+    assert out.dtype == torch.float32
+    # the answer depends only on the centred log-weights: shifting a row changes nothing
+    assert torch.equal(out, te(lw - lw.amax(-1, keepdim=True), 0.6))
+
+    def student(log_w, share):                   # a correct float32 answer, through the softmax
+        lo = torch.zeros(log_w.shape[:-1], dtype=log_w.dtype)
+        hi = torch.ones(log_w.shape[:-1], dtype=log_w.dtype)
+        for _ in range(30):
+            mid = (lo + hi) / 2
+            ok = 1.0 / torch.softmax(mid[..., None] * log_w, -1).pow(2).sum(-1) / log_w.shape[-1] >= share
+            lo, hi = torch.where(ok, mid, lo), torch.where(ok, hi, mid)
+        full = 1.0 / torch.softmax(log_w, -1).pow(2).sum(-1) / log_w.shape[-1] >= share - 1e-6
+        return torch.where(full, torch.ones_like(lo), lo)
+
+    assert check(student, "tempering_exponent", verbose=False)
+
+    def uncentred(log_w, share):                 # the same, with exp(2 LSE(a l) - LSE(2 a l)) uncentred
+        lo = torch.zeros(log_w.shape[:-1], dtype=log_w.dtype)
+        hi = torch.ones(log_w.shape[:-1], dtype=log_w.dtype)
+        for _ in range(30):
+            mid = (lo + hi) / 2
+            al = mid[..., None] * log_w
+            ok = torch.exp(2 * torch.logsumexp(al, -1) - torch.logsumexp(2 * al, -1)) / log_w.shape[-1] >= share
+            lo, hi = torch.where(ok, mid, lo), torch.where(ok, hi, mid)
+        return lo
+
+    assert not check(uncentred, "tempering_exponent", verbose=False)
+
+
+def test_the_displayed_effective_sample_size_called_as_a_student_would_fails():
     from rlkit.estimators import effective_sample_size
-    from rlkit.exercises import check
 
-    lw = torch.tensor([[400.0, 399.0, 390.0], [-800.0, -801.0, -805.0]])
-    w = torch.exp(lw.double() - lw.double().amax(-1, keepdim=True))
-    exact = w.sum(-1) ** 2 / (w ** 2).sum(-1)                                # float64, by hand
-    for got in (get("ess_from_log_weights").reference(lw), effective_sample_size(lw)):
-        assert got.dtype == torch.float32
-        assert torch.allclose(got.double(), exact, rtol=2e-7, atol=0)
-    assert check(lambda log_w: 1.0 / torch.softmax(log_w, -1).pow(2).sum(-1), "ess_from_log_weights", verbose=False)
-    # all -inf (no weight): still 0 in the library, as documented
-    assert float(effective_sample_size(torch.full((3,), -math.inf))) == 0.0
+    def tempering_exponent(log_w, share):
+        return effective_sample_size(log_w, share=True)
+
+    assert not check(tempering_exponent, verbose=False)
 
 
 def test_gspo_sequence_loss_against_the_library_ratio_a_slow_loop_and_the_displayed_function():

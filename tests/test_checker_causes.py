@@ -35,8 +35,16 @@ def _inverse_shifted_trace(advantages, values, next_values, discounts, lam):
     return rewards
 
 
-def _ess_fraction(log_w):
-    return 1.0 / torch.softmax(log_w, -1).pow(2).sum(-1) / log_w.shape[-1]
+def _tempering_with_the_count(log_w, share):
+    # the ESS count (not the share ESS / n) compared with the share
+    lw = log_w.double() - log_w.double().amax(-1, keepdim=True)
+    lo, hi = torch.zeros(lw.shape[:-1], dtype=torch.float64), torch.ones(lw.shape[:-1], dtype=torch.float64)
+    full = 1.0 / torch.softmax(lw, -1).pow(2).sum(-1) >= share
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        ok = 1.0 / torch.softmax(mid[..., None] * lw, -1).pow(2).sum(-1) >= share
+        lo, hi = torch.where(ok, mid, lo), torch.where(ok, hi, mid)
+    return torch.where(full, torch.ones_like(lo), lo).to(log_w.dtype)
 
 
 def _shaped_rewards_wrapping(score, logp, logp_ref, mask, beta):
@@ -60,7 +68,7 @@ def _tis_no_mask(logp_learner, logp_sampler, mask, cap):
 SLIPS = [
     ("reinforce_loss", _reinforce_loss_over_T, "you divided by T"),
     ("rewards_from_advantages", _inverse_shifted_trace, "discounts[..., t+1] * lam[..., t+1]"),
-    ("ess_from_log_weights", _ess_fraction, "ESS *fraction*"),
+    ("tempering_exponent", _tempering_with_the_count, "ESS COUNT"),
     ("kl_shaped_rewards", _shaped_rewards_wrapping, "index -1 wraps around"),
     ("response_logprob", _response_logprob_hf_shift, "Hugging Face"),
     ("truncated_is_weights", _tis_no_mask, "the mask is ignored"),
@@ -74,10 +82,21 @@ def test_a_student_slip_is_caught_with_its_cause(name, slip, cause):
     assert cause in result.message, f"{name}: caught without the right cause:\n{result.message}"
 
 
-def test_a_correct_more_accurate_ess_is_accepted():
-    """The review's false rejection: 1/sum(softmax^2) in float32 is closer to the exact value than the old
-    uncentred reference and was rejected at rtol 1e-5."""
-    assert check(lambda log_w: 1.0 / torch.softmax(log_w, -1).pow(2).sum(-1), "ess_from_log_weights", verbose=False)
+def test_a_correct_float32_tempering_exponent_is_accepted():
+    """The review's false rejection of a correct, more accurate float32 ESS (1/sum(softmax^2)) must not come back
+    in the exercise that replaced it: the same formula inside a bisection, in float32, passes."""
+    def tempering_exponent(log_w, share):
+        lo = torch.zeros(log_w.shape[:-1], dtype=log_w.dtype)
+        hi = torch.ones(log_w.shape[:-1], dtype=log_w.dtype)
+        for _ in range(30):
+            mid = (lo + hi) / 2
+            ok = 1.0 / torch.softmax(mid[..., None] * log_w, -1).pow(2).sum(-1) / log_w.shape[-1] >= share
+            lo, hi = torch.where(ok, mid, lo), torch.where(ok, hi, mid)
+        full = 1.0 / torch.softmax(log_w, -1).pow(2).sum(-1) / log_w.shape[-1] >= share - 1e-6
+        return torch.where(full, torch.ones_like(lo), lo)
+
+    assert check(tempering_exponent, verbose=False)
+
 
 
 def test_an_empty_row_gets_neither_score_nor_penalty():

@@ -7,14 +7,18 @@ variants whose outputs :func:`rlkit.exercises.check` recognises ("likely cause: 
   estimate :math:`\frac1n\sum_i \frac{p(x_i)}{q(x_i)} f(x_i)` from log-probabilities.
 * ``chi_square_divergence(logits_p, logits_q)``: :math:`\chi^2(p\|q) = \sum_x p(x)^2/q(x) - 1`,
   the variance of the importance weight under :math:`q`.
-* ``ess_from_log_weights(log_w)``: Kish's effective sample size :math:`(\sum w)^2/\sum w^2`,
-  computed in log space.
+* ``tempering_exponent(log_w, share)``: the largest :math:`\alpha\in[0,1]` whose tempered weights
+  :math:`w^\alpha` keep Kish's effective sample size :math:`(\sum w^\alpha)^2/\sum w^{2\alpha}` at or above
+  ``share`` times n, computed in log space (the chapter displays ``rlkit.estimators.effective_sample_size``,
+  the ESS at :math:`\alpha = 1`).
 * ``gspo_sequence_loss(logp_new, logp_old, mask, advantages, eps)``: GSPO's clipped loss per response,
   :math:`-\min\big(s\hat A,\ \mathrm{clip}(s, 1-\epsilon, 1+\epsilon)\hat A\big)` with the length-normalised
   ratio :math:`s = \exp\big(\frac{1}{|y|}\sum_t m_t(\log\pi_{\text{new}} - \log\pi_{\text{old}})\big)`. (The
   chapter displays ``rlkit.offpolicy.importance_ratio``, whose ``level="geometric"`` is :math:`s` itself.)
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -142,58 +146,112 @@ def _chi_unnormalised(logits_p, logits_q):
     return (torch.exp(2 * logits_p - logits_q)).sum(-1) - 1.0
 
 
-# ------------------------------------------------------------------- 3. ess_from_log_weights
+# ------------------------------------------------------------------- 3. tempering_exponent
 
-def _ess_cases():
+def _tempered_share(log_w, alpha):
+    r""":math:`\mathrm{ESS}(\alpha\ell)/n` of each row, centred (float64 in, float64 out)."""
+    centred = log_w - log_w.amax(-1, keepdim=True)
+    a = alpha[..., None]
+    return torch.exp(2 * torch.logsumexp(a * centred, -1) - torch.logsumexp(2 * a * centred, -1)) / log_w.shape[-1]
+
+
+def _bisect_alpha(share_of, shape, share, steps=60):
+    lo = torch.zeros(shape, dtype=torch.float64)
+    hi = torch.ones(shape, dtype=torch.float64)
+    share = share - 1e-12          # equal weights have share 1 up to round-off
+    done = share_of(hi) >= share
+    for _ in range(steps):
+        mid = 0.5 * (lo + hi)
+        ok = share_of(mid) >= share
+        lo, hi = torch.where(ok, mid, lo), torch.where(ok, hi, mid)
+    return torch.where(done, torch.ones_like(lo), lo)
+
+
+def _te_cases():
     g = torch.Generator().manual_seed(3003)
+    big = torch.tensor([[400.0, 399.0, 390.0, 380.0], [-800.0, -801.0, -805.0, -790.0]])
     return [
-        Case(args=(torch.log(torch.tensor([1.0, 2.0, 3.0])),), label="weights (1, 2, 3): 36/14"),
-        Case(args=(torch.zeros(5),), label="equal weights: n"),
-        Case(args=(torch.randn(3, 40, generator=g, dtype=torch.float64) * 2,), label="[3, 40] float64"),
-        Case(args=(torch.tensor([[400.0, 399.0, 390.0], [-800.0, -801.0, -805.0]]),),
-             label="log-weights of +-400 and -800: exp overflows or underflows"),
+        Case(args=(torch.tensor([0.0, math.log(9.0)]), 0.8),
+             label="weights (1, 9), share 0.8: w^(1/2) = (1, 3) has ESS 16/10 = 1.6 = 0.8 * 2, so alpha = 1/2"),
+        Case(args=(torch.zeros(5), 1.0), label="equal weights, share 1: alpha = 1 (the full step)"),
+        Case(args=(torch.tensor([[0.0, 1.0, 2.0], [0.0, 0.0, 0.01]]), 0.95),
+             label="two rows: the second already has ESS/n >= 0.95 at alpha = 1"),
+        Case(args=(torch.randn(3, 40, generator=g, dtype=torch.float64) * 2, 0.5), label="[3, 40] float64, share 1/2"),
+        Case(args=(big, 0.6), label="float32 log-weights of +400 and -800: exp overflows or underflows"),
+        Case(args=(1.0e4 + 3.0 * torch.randn(2, 50, generator=g), 0.3),
+             label="float32 log-weights near 1e4 (sequence log-ratios): uncentred, the log-sum-exps keep ~3 digits"),
     ]
 
 
-@exercise(chapter=3, cases=_ess_cases, rtol=1e-5, description="Kish's effective sample size from log-weights.")
-def ess_from_log_weights(log_w):
-    r""":math:`\exp(2\,\mathrm{LSE}(\ell) - \mathrm{LSE}(2\ell))` over the last dim; ``[..., n] -> [...]``.
+@exercise(chapter=3, cases=_te_cases, atol=2e-5, rtol=1e-5,
+          description="The tempering exponent that keeps a share of the effective sample size.")
+def tempering_exponent(log_w, share):
+    r"""The largest :math:`\alpha\in[0,1]` with :math:`\mathrm{ESS}(w^\alpha)/n \ge` ``share``; ``[..., n] -> [...]``.
 
-    The log-weights are centred on their row maximum first: the difference of two log-sum-exps of
-    size 800 keeps only about 5 significant digits in float32, while the centred one keeps full
-    precision (the answer is unchanged in exact arithmetic, ESS being scale-free)."""
+    :math:`\mathrm{ESS}(w^\alpha) = \exp(2\,\mathrm{LSE}(\alpha\ell) - \mathrm{LSE}(2\alpha\ell))` falls as
+    :math:`\alpha` grows (its log-derivative is :math:`-2(\mathbb E_{\alpha}[\ell] - \mathbb E_{2\alpha}[\ell]) \le 0`),
+    so bisection finds the crossing; the log-weights are centred on their row maximum first (scale-free)."""
     V.float_tensor(log_w, "log_w", 1)
+    share = V.real_in(share, "share", 0.0, 1.0)
     if log_w.shape[-1] == 0:
-        return torch.zeros(log_w.shape[:-1], dtype=log_w.dtype)
-    top = log_w.amax(-1, keepdim=True)
-    centred = log_w - torch.where(torch.isfinite(top), top, torch.zeros((), dtype=top.dtype))
-    return torch.exp(2 * torch.logsumexp(centred, -1) - torch.logsumexp(2 * centred, -1))
+        raise ValueError("log_w: expected at least one sample in the last dimension, got 0")
+    lw = log_w.to(torch.float64)
+    return _bisect_alpha(lambda a: _tempered_share(lw, a), lw.shape[:-1], share).to(log_w.dtype)
 
 
-@mistake(ess_from_log_weights, "exp(log_w) overflows to inf (or underflows to 0) for large log-weights: "
-         "stay in log space, ESS = exp(2 logsumexp(l) - logsumexp(2 l))")
-def _ess_naive(log_w):
-    w = torch.exp(log_w)
-    return w.sum(-1) ** 2 / (w ** 2).sum(-1)
+@mistake(tempering_exponent, "exp(alpha * log_w) overflows to inf (or underflows to 0) for large log-weights, "
+         "and inf / inf is NaN: stay in log space, ESS = exp(2 LSE(alpha l) - LSE(2 alpha l))")
+def _te_naive(log_w, share):
+    lw = log_w.to(torch.float32)
+
+    def share_of(a):
+        w = torch.exp(a[..., None].float() * lw)
+        return (w.sum(-1) ** 2 / (w ** 2).sum(-1) / lw.shape[-1]).double()
+    return _bisect_alpha(share_of, lw.shape[:-1], share).to(log_w.dtype)
 
 
-@mistake(ess_from_log_weights, "the fraction is upside down: ESS = (sum w)^2 / sum w^2, which lies "
-         "between 1 and n")
-def _ess_inverted(log_w):
-    return 1.0 / ess_from_log_weights(log_w)
+@mistake(tempering_exponent, "you compared the ESS COUNT with the share: the share is ESS / n, "
+         "a number in [1/n, 1]")
+def _te_count(log_w, share):
+    lw = log_w.to(torch.float64)
+    return _bisect_alpha(lambda a: _tempered_share(lw, a) * lw.shape[-1], lw.shape[:-1], share).to(log_w.dtype)
 
 
-@mistake(ess_from_log_weights, "you divided by n: that is the ESS *fraction*; return the ESS itself")
-def _ess_fraction(log_w):
-    return ess_from_log_weights(log_w) / log_w.shape[-1]
+@mistake(tempering_exponent, "you multiplied the weights by alpha: tempering raises them to the power alpha "
+         "(alpha times the LOG-weights); a common factor does not change the ESS at all")
+def _te_scaled_weights(log_w, share):
+    lw = log_w.to(torch.float64)
+    # ESS(alpha w) = ESS(w) for every alpha > 0: the answer is 1 or (the bisection's floor) 0
+    return _bisect_alpha(lambda a: _tempered_share(lw, torch.ones_like(a)), lw.shape[:-1], share).to(log_w.dtype)
 
 
-@mistake(ess_from_log_weights, "n / mean(w^2) assumes the weights have mean 1; Kish's formula "
+@mistake(tempering_exponent, "n / mean(w^2) assumes the tempered weights have mean 1; Kish's formula "
          "(sum w)^2 / sum w^2 does not depend on their scale")
-def _ess_unnormalised(log_w):
-    # n / E[w^2], the large-n formula for weights of mean 1, applied to raw weights
-    w = torch.exp(log_w - log_w.max(-1, keepdim=True).values)
-    return log_w.shape[-1] / (w ** 2).mean(-1)
+def _te_unnormalised(log_w, share):
+    lw = log_w.to(torch.float64)
+    centred = lw - lw.amax(-1, keepdim=True)
+
+    def share_of(a):
+        w = torch.exp(a[..., None] * centred)
+        return 1.0 / (w ** 2).mean(-1) / lw.shape[-1]
+    return _bisect_alpha(share_of, lw.shape[:-1], share).to(log_w.dtype)
+
+
+@mistake(tempering_exponent, "the bisection stopped too early: 10 halvings leave alpha uncertain by 2^-10 ~ 1e-3; "
+         "halve until the interval is below 1e-6 (about 20 halvings, or 60 to reach float64 precision)")
+def _te_few_steps(log_w, share):
+    lw = log_w.to(torch.float64)
+    return _bisect_alpha(lambda a: _tempered_share(lw, a), lw.shape[:-1], share, steps=10).to(log_w.dtype)
+
+
+@mistake(tempering_exponent, "the log-sum-exps are not centred: for log-weights near 1e4 their difference keeps only "
+         "about 3 significant digits in float32; subtract the row maximum first (the ESS is scale-free)")
+def _te_uncentred(log_w, share):
+    def share_of(a):
+        al = a[..., None].to(log_w.dtype) * log_w
+        ess = torch.exp(2 * torch.logsumexp(al, -1) - torch.logsumexp(2 * al, -1))
+        return (ess / log_w.shape[-1]).double()
+    return _bisect_alpha(share_of, log_w.shape[:-1], share).to(log_w.dtype)
 
 
 # ------------------------------------------------------------------- 4. gspo_sequence_loss
