@@ -14,7 +14,7 @@ import torch
 from rlkit.exercises import check, exercises, get
 
 torch.set_num_threads(1)
-CH08 = ["behaviour_logprobs", "truncated_is_weights", "lognormal_tail_share", "stale_advantage_error"]
+CH08 = ["behaviour_logprobs", "masked_is_weights", "lognormal_tail_share", "stale_advantage_error"]
 F64 = torch.float64
 
 
@@ -23,9 +23,9 @@ def test_chapter_registers_four_exercises():
 
 
 def test_a_not_implemented_stub_is_reported():
-    def truncated_is_weights(logp_learner, logp_sampler, mask, cap):
+    def masked_is_weights(logp_learner, logp_sampler, mask, cap, level="token"):
         raise NotImplementedError
-    r = check(truncated_is_weights, verbose=False)
+    r = check(masked_is_weights, verbose=False)
     assert not r and "not implemented" in r.message
 
 
@@ -75,46 +75,67 @@ def test_behaviour_logprobs_rejects_bad_input():
         ref(lp[0], torch.tensor([0, 1, 1]), mask)
 
 
-# --------------------------------------------------------------- truncated_is_weights
+# --------------------------------------------------------------- masked_is_weights
 
-def test_truncated_is_weights_match_scalar_math():
-    ref = get("truncated_is_weights").reference
+def test_masked_is_weights_match_scalar_math_at_both_levels():
+    ref = get("masked_is_weights").reference
     g = torch.Generator().manual_seed(1)
     samp = -6 * torch.rand(5, 9, generator=g, dtype=F64)
     learn = samp + torch.randn(5, 9, generator=g, dtype=F64)
     mask = (torch.rand(5, 9, generator=g) < 0.8).to(F64)
+    learn = torch.where(mask.bool(), learn, torch.full_like(learn, 40.0))        # garbage in the padding
     for cap in (1.0, 2.0, 10.0):
-        w = ref(learn, samp, mask, cap)
+        w_tok, w_seq = ref(learn, samp, mask, cap), ref(learn, samp, mask, cap, level="sequence")
         for b in range(5):
+            seq = sum(learn[b, t].item() - samp[b, t].item() for t in range(9) if mask[b, t])
             for t in range(9):
-                want = min(math.exp(learn[b, t].item() - samp[b, t].item()), cap) if mask[b, t] else 0.0
-                assert w[b, t].item() == pytest.approx(want, rel=1e-12, abs=1e-300)
+                rho = math.exp(learn[b, t].item() - samp[b, t].item())
+                want_tok = rho if mask[b, t] and rho <= cap else 0.0
+                want_seq = rho if mask[b, t] and math.exp(seq) <= cap else 0.0
+                assert w_tok[b, t].item() == pytest.approx(want_tok, rel=1e-12, abs=1e-300)
+                assert w_seq[b, t].item() == pytest.approx(want_seq, rel=1e-12, abs=1e-300)
 
 
-def test_truncated_is_weights_stay_finite_for_extreme_log_ratios_in_float32():
-    ref = get("truncated_is_weights").reference
-    learn = torch.tensor([[0.0, -100.0, -1.0]])
-    samp = torch.tensor([[-100.0, 0.0, -1.0]])
-    w = ref(learn, samp, torch.ones(1, 3), 2.0)
+def test_masked_is_weights_stay_finite_for_extreme_log_ratios_in_float32():
+    ref = get("masked_is_weights").reference
+    learn = torch.tensor([[0.0, -100.0, -1.0], [0.0, -100.0, -1.0]])
+    samp = torch.tensor([[-100.0, 0.0, -1.0], [-100.0, 0.0, -1.0]])
+    w = ref(learn, samp, torch.ones(2, 3), 2.0)
     assert torch.isfinite(w).all()
-    assert w[0, 0].item() == pytest.approx(2.0) and w[0, 1].item() < 1e-40 and w[0, 2].item() == 1.0
+    assert w[0, 0].item() == 0.0 and w[0, 1].item() < 1e-40 and w[0, 2].item() == 1.0
+    # the sequence log-ratio is 0: the response is kept, and its +100 token ratio e^100 overflows float32 to inf;
+    # the float64 weights are finite
+    ws = ref(learn.double(), samp.double(), torch.ones(2, 3, dtype=F64), 2.0, level="sequence")
+    assert torch.isfinite(ws).all() and ws[0, 0].item() == pytest.approx(math.exp(100.0))
 
 
-def test_truncated_is_weights_are_unbiased_without_a_cap_and_biased_down_with_one():
-    # E_sampler[w f] = E_learner[f] when cap = inf; truncation can only lower E[w] (here f = 1)
-    ref = get("truncated_is_weights").reference
+def test_masked_is_weights_have_mean_at_most_one_and_below_truncation():
+    # E_sampler[w] = 1 without a cap (support covered); masking lowers it more than truncation (here f = 1)
+    ref = get("masked_is_weights").reference
     logits_s = torch.tensor([2.0, 1.0, 0.0, -1.0], dtype=F64)
     logits_l = torch.tensor([0.0, 1.0, 2.0, 1.5], dtype=F64)
     ls, ll = torch.log_softmax(logits_s, 0), torch.log_softmax(logits_l, 0)
     mask = torch.ones(1, 4, dtype=F64)
     w_big = ref(ll[None], ls[None], mask, 1e6)[0]
     assert (ls.exp() * w_big).sum().item() == pytest.approx(1.0, abs=1e-12)
-    w_cap = ref(ll[None], ls[None], mask, 2.0)[0]
-    assert (ls.exp() * w_cap).sum().item() < 1.0 - 1e-3
+    w_mask = ref(ll[None], ls[None], mask, 2.0)[0]
+    w_trunc = torch.exp(ll - ls).clamp(max=2.0)
+    assert (ls.exp() * w_mask).sum().item() < (ls.exp() * w_trunc).sum().item() - 1e-3
+    assert (ls.exp() * w_trunc).sum().item() < 1.0 - 1e-3
 
 
-def test_truncated_is_weights_reject_bad_input():
-    ref = get("truncated_is_weights").reference
+def test_the_displayed_importance_ratio_called_as_a_student_would_fails():
+    from rlkit.offpolicy import importance_ratio
+
+    def masked_is_weights(logp_learner, logp_sampler, mask, cap, level="token"):
+        return importance_ratio(logp_learner, logp_sampler, mask).clamp(max=cap) * mask
+
+    r = check(masked_is_weights, verbose=False)
+    assert not r and "you truncated" in r.message, r.message
+
+
+def test_masked_is_weights_reject_bad_input():
+    ref = get("masked_is_weights").reference
     x = torch.zeros(2, 3)
     with pytest.raises(ValueError, match="cap"):
         ref(x, x, torch.ones(2, 3), 0.0)
@@ -124,6 +145,8 @@ def test_truncated_is_weights_reject_bad_input():
         ref(x, torch.zeros(2, 4), torch.ones(2, 3), 2.0)
     with pytest.raises(TypeError, match="floating"):
         ref(x.long(), x, torch.ones(2, 3), 2.0)
+    with pytest.raises(ValueError, match="level"):
+        ref(x, x, torch.ones(2, 3), 2.0, level="response")
 
 
 # --------------------------------------------------------------- lognormal_tail_share

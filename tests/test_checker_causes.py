@@ -61,8 +61,13 @@ def _response_logprob_hf_shift(logits, response_ids, mask):
     return (lp * mask[:, 1:]).sum(-1)
 
 
-def _tis_no_mask(logp_learner, logp_sampler, mask, cap):
-    return torch.minimum(torch.exp(logp_learner - logp_sampler), torch.full_like(logp_learner, cap))
+def _mis_no_mask(logp_learner, logp_sampler, mask, cap, level="token"):
+    log_rho = logp_learner - logp_sampler
+    if level == "sequence":
+        keep = log_rho.sum(-1, keepdim=True) <= math.log(cap)
+    else:
+        keep = log_rho <= math.log(cap)
+    return torch.where(keep, torch.exp(log_rho), torch.zeros_like(log_rho))
 
 
 SLIPS = [
@@ -71,7 +76,7 @@ SLIPS = [
     ("tempering_exponent", _tempering_with_the_count, "ESS COUNT"),
     ("kl_shaped_rewards", _shaped_rewards_wrapping, "index -1 wraps around"),
     ("response_logprob", _response_logprob_hf_shift, "Hugging Face"),
-    ("truncated_is_weights", _tis_no_mask, "the mask is ignored"),
+    ("masked_is_weights", _mis_no_mask, "the mask is ignored"),
 ]
 
 

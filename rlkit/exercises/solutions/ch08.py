@@ -5,9 +5,12 @@ r"""Checkers for the exercises of chapter 8, ``lessons/08_why_offpolicy.ipynb``.
   response ``b`` under version ``v``; ``versions`` says which version produced each response
   (``[B]``) or each token (``[B, T]``, in-flight weight updates). Returns
   :math:`\log\mu_{b,t} = \log\pi^{(v_{b,t})}(y_{b,t})` ``[B, T]``, 0 at padding.
-* ``truncated_is_weights(logp_learner, logp_sampler, mask, cap)``: truncated importance weights for
-  the sampler/learner mismatch, :math:`w_t = \min\big(\pi_{\text{learner}}(y_t)/\pi_{\text{sampler}}(y_t),\,C\big)`
-  computed in log space, 0 at padding, ``[B, T]``.
+* ``masked_is_weights(logp_learner, logp_sampler, mask, cap, level)``: masked importance weights for
+  the sampler/learner mismatch: the token ratio :math:`\rho_t = \pi_{\text{learner}}(y_t)/\pi_{\text{sampler}}(y_t)`,
+  set to 0 where it exceeds the cap (``level="token"``) or on every token of a response whose sequence ratio
+  exceeds it (``level="sequence"``), 0 at padding, ``[B, T]``. (The chapter displays
+  ``rlkit.offpolicy.importance_ratio``; the truncated weights ``importance_ratio(...).clamp(max=cap)`` are
+  one of the mistakes.)
 * ``lognormal_tail_share(lengths, token_mean, token_var, low, high)``: the share of sequence ratios
   outside ``[low, high]`` when :math:`\log\rho_{1:T} \sim \mathcal N(T\bar\ell, T s^2)`, with
   :math:`\bar\ell` = ``token_mean`` (:math:`-\kappa` in the chapter) and :math:`s^2` = ``token_var``:
@@ -96,66 +99,133 @@ def _bl_unmasked(logp_versions, versions, mask):
     return behaviour_logprobs(logp_versions, versions, torch.ones_like(mask))
 
 
-# ------------------------------------------------------------------- 2. truncated_is_weights
+# ------------------------------------------------------------------- 2. masked_is_weights
 
 def _tis_cases():
     g = torch.Generator().manual_seed(818)
     samp = -4 * torch.rand(4, 7, generator=g)
     learn = samp + 0.8 * torch.randn(4, 7, generator=g)
     mask = (torch.arange(7)[None, :] < torch.tensor([[7], [5], [3], [6]])).float()
-    extreme_l = torch.tensor([[-0.5, -60.0, -1.0, -2.0]])
-    extreme_s = torch.tensor([[-50.5, -10.0, -1.0, -2.0]])
+    learn_pad = torch.where(mask.bool(), learn, torch.full_like(learn, 30.0))      # garbage in the padding
+    extreme_l = torch.tensor([[-0.5, -60.0, -1.0, -2.0], [-1.0, -1.2, -0.9, -3.0]])
+    extreme_s = torch.tensor([[-50.5, -10.0, -1.0, -2.0], [-1.1, -1.0, -1.0, -3.0]])
+    seq_l = torch.tensor([[-0.5, -0.5, -0.5, -0.5], [-1.0, -1.0, -1.0, -1.0], [-2.0, -0.1, -1.0, 0.0]])
+    seq_s = torch.tensor([[-1.0, -1.0, -1.0, -1.0], [-1.1, -1.1, -0.8, -1.0], [-1.0, -1.0, -1.0, 0.0]])
+    seq_m = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 0.0]])
     return [
         Case(args=(torch.tensor([[-0.1, -2.0, -1.0]]), torch.tensor([[-1.1, -1.0, -1.0]]),
                    torch.tensor([[1.0, 1.0, 0.0]]), 2.0),
-             label="log-ratios +1 and -1, cap 2: weights [2, e^-1, 0]"),
-        Case(args=(learn, samp, mask, 2.0), label="4 responses, learner and sampler disagree"),
-        Case(args=(learn, samp, mask, 5.0), label="the same with cap 5"),
-        Case(args=(extreme_l, extreme_s, torch.ones(1, 4), 3.0),
-             label="log-ratios of +50 and -50 stay finite: [3, e^-50, 1, 1]"),
+             label="token level, log-ratios +1 and -1, cap 2: weights [0, e^-1, 0] (e > 2 is masked)"),
+        Case(args=(torch.tensor([[-0.1, -2.0, -1.0]]), torch.tensor([[-1.1, -1.0, -1.0]]),
+                   torch.tensor([[1.0, 1.0, 0.0]]), 2.0), kwargs={"level": "sequence"},
+             label="the same at the sequence level: the response's ratio e^0 = 1 <= 2 keeps [e, e^-1, 0]"),
+        Case(args=(seq_l, seq_s, seq_m, 2.0), kwargs={"level": "sequence"},
+             label="sequence level: ratios e^2 (dropped), e^0 over 3 real tokens (kept), e^-0.1 (kept)"),
+        Case(args=(learn_pad, samp, mask, 2.0), label="token level, 4 responses, padding holds log-probability 30"),
+        Case(args=(learn_pad, samp, mask, 5.0), kwargs={"level": "sequence"},
+             label="sequence level, cap 5, the same 4 responses with garbage in the padding"),
+        Case(args=(extreme_l.double(), extreme_s.double(), torch.ones(2, 4, dtype=torch.float64), 3.0),
+             kwargs={"level": "sequence"},
+             label="float64, sequence level: a response with token log-ratios +50 and -50 (sum 0: kept)"),
+        Case(args=(extreme_l, extreme_s, torch.ones(2, 4), 3.0),
+             label="token level, log-ratios of +50 and -50: [0, e^-50, 1, 1]"),
     ]
 
 
 @exercise(chapter=8, cases=_tis_cases, rtol=1e-5,
-          description="Truncated importance weights for the sampler/learner mismatch.")
-def truncated_is_weights(logp_learner, logp_sampler, mask, cap):
-    r""":math:`w_t = \exp(\min(\log\pi_{\text{learner}} - \log\pi_{\text{sampler}}, \log C))`, 0 at padding."""
+          description="Masked importance weights: ratios above the cap are dropped, by token or by response.")
+def masked_is_weights(logp_learner, logp_sampler, mask, cap, level="token"):
+    r"""Token ratios :math:`\rho_t = \pi_{\text{learner}}/\pi_{\text{sampler}}`; ``level="token"``: 0 where
+    :math:`\rho_t > C`; ``level="sequence"``: every token of a response whose ratio
+    :math:`\exp\sum_t m_t\log\rho_t` exceeds :math:`C` gets 0. Kept tokens keep :math:`\rho_t`; padding 0."""
     V.matching_floats(logp_learner=logp_learner, logp_sampler=logp_sampler)
     m = V.check_mask(mask, logp_learner, "logp_learner", as_bool=True)
     cap = V.real_in(cap, "cap (typically 2 to 10)", 0.0, lo_open=True)
-    log_w = torch.clamp(logp_learner - logp_sampler, max=math.log(cap))
-    return torch.where(m, torch.exp(log_w), torch.zeros((), dtype=log_w.dtype))
+    if level not in ("token", "sequence"):
+        raise ValueError(f"level: expected 'token' or 'sequence', got {level!r}")
+    zero = torch.zeros((), dtype=logp_learner.dtype)
+    log_rho = torch.where(m, logp_learner - logp_sampler, zero)
+    if level == "token":
+        keep = log_rho <= math.log(cap)
+    else:
+        keep = (log_rho.sum(-1, keepdim=True) <= math.log(cap)).expand_as(log_rho)
+    return torch.where(m & keep, torch.exp(torch.where(keep, log_rho, zero)), zero)
 
 
-@mistake(truncated_is_weights, "small ratios were raised to 1/cap; truncated importance sampling caps the "
-         "weight from ABOVE only (min(ratio, cap)): a token the sampler over-produced keeps its small weight")
-def _tis_two_sided(logp_learner, logp_sampler, mask, cap):
-    return torch.clamp(logp_learner - logp_sampler, min=-math.log(cap), max=math.log(cap)).exp() * mask
+@mistake(masked_is_weights, "you truncated the token ratios, min(ratio, cap), at both levels: masked importance "
+         "sampling DROPS a token whose ratio exceeds the cap (weight 0), where truncation keeps it at the cap, and "
+         "level='sequence' drops whole responses")
+def _mis_truncated_tokens(logp_learner, logp_sampler, mask, cap, level="token"):
+    m = mask.bool()
+    log_rho = torch.where(m, logp_learner - logp_sampler, torch.zeros_like(logp_learner))
+    return torch.where(m, torch.exp(log_rho.clamp(max=math.log(cap))), torch.zeros_like(log_rho))
 
 
-@mistake(truncated_is_weights, "the ratio is upside down: the weight corrects samples of the SAMPLER towards the "
-         "LEARNER, pi_learner / pi_sampler")
-def _tis_inverted(logp_learner, logp_sampler, mask, cap):
-    return truncated_is_weights(logp_sampler, logp_learner, mask, cap)
+@mistake(masked_is_weights, "you truncated, min(ratio, cap): masked importance sampling DROPS a token (or a "
+         "response) whose ratio exceeds the cap, weight 0, where truncation would keep it at the cap")
+def _mis_truncated(logp_learner, logp_sampler, mask, cap, level="token"):
+    m = mask.bool()
+    log_rho = torch.where(m, logp_learner - logp_sampler, torch.zeros_like(logp_learner))
+    if level == "token":
+        w = torch.exp(log_rho.clamp(max=math.log(cap)))
+    else:
+        s = log_rho.sum(-1, keepdim=True)
+        w = torch.exp(log_rho) * torch.exp(torch.clamp(math.log(cap) - s, max=0.0))
+    return torch.where(m, w, torch.zeros_like(w))
 
 
-@mistake(truncated_is_weights, "padding positions got weight 1; they are not tokens of the response and "
-         "must get weight 0")
-def _tis_padding_one(logp_learner, logp_sampler, mask, cap):
-    w = truncated_is_weights(logp_learner, logp_sampler, mask, cap)
-    return torch.where(mask.bool(), w, torch.full_like(w, min(1.0, cap)))
+@mistake(masked_is_weights, "ratios below 1/cap were dropped too; the mask removes only ratios ABOVE the cap "
+         "(the ones that blow up the variance): a token the sampler over-produced keeps its small weight")
+def _mis_two_sided(logp_learner, logp_sampler, mask, cap, level="token"):
+    m = mask.bool()
+    log_rho = torch.where(m, logp_learner - logp_sampler, torch.zeros_like(logp_learner))
+    s = log_rho if level == "token" else log_rho.sum(-1, keepdim=True).expand_as(log_rho)
+    keep = (s <= math.log(cap)) & (s >= -math.log(cap))
+    return torch.where(m & keep, torch.exp(torch.where(keep, log_rho, torch.zeros_like(log_rho))),
+                       torch.zeros_like(log_rho))
 
 
-@mistake(truncated_is_weights, "the mask is ignored: padding positions got the weight of whatever "
+@mistake(masked_is_weights, "the mask is ignored: padding positions got the weight of whatever "
          "log-probabilities they hold; they are not tokens of the response and must get weight 0")
-def _tis_unmasked(logp_learner, logp_sampler, mask, cap):
-    return torch.exp(torch.clamp(logp_learner - logp_sampler, max=math.log(cap)))
+def _mis_unmasked(logp_learner, logp_sampler, mask, cap, level="token"):
+    ones = torch.ones_like(logp_learner)
+    return masked_is_weights(logp_learner, logp_sampler, ones, cap, level)
 
 
-@mistake(truncated_is_weights, "the cap was applied to the log-ratio (weights up to e^cap); cap bounds the "
-         "ratio itself, so clamp the log-ratio at log(cap)")
-def _tis_cap_on_log(logp_learner, logp_sampler, mask, cap):
-    return torch.exp(torch.clamp(logp_learner - logp_sampler, max=cap)) * mask
+@mistake(masked_is_weights, "the padding was summed into the sequence log-ratio: only the real tokens of a "
+         "response make its ratio, exp(sum_t m_t log rho_t)")
+def _mis_padding_in_sum(logp_learner, logp_sampler, mask, cap, level="token"):
+    if level == "token":
+        return masked_is_weights(logp_learner, logp_sampler, mask, cap, level)
+    m = mask.bool()
+    log_rho = logp_learner - logp_sampler
+    keep = (log_rho.sum(-1, keepdim=True) <= math.log(cap)).expand_as(log_rho)
+    return torch.where(m & keep, torch.exp(torch.where(m & keep, log_rho, torch.zeros_like(log_rho))),
+                       torch.zeros_like(log_rho))
+
+
+@mistake(masked_is_weights, "every kept token got the response's ratio: at the sequence level the RESPONSE is kept "
+         "or dropped, but each kept token keeps its own token ratio rho_t")
+def _mis_sequence_ratio_on_tokens(logp_learner, logp_sampler, mask, cap, level="token"):
+    if level == "token":
+        return masked_is_weights(logp_learner, logp_sampler, mask, cap, level)
+    m = mask.bool()
+    log_rho = torch.where(m, logp_learner - logp_sampler, torch.zeros_like(logp_learner))
+    s = log_rho.sum(-1, keepdim=True).expand_as(log_rho)
+    keep = s <= math.log(cap)
+    return torch.where(m & keep, torch.exp(torch.where(keep, s, torch.zeros_like(s))), torch.zeros_like(s))
+
+
+@mistake(masked_is_weights, "the ratio is upside down: the weight corrects samples of the SAMPLER towards the "
+         "LEARNER, pi_learner / pi_sampler")
+def _mis_inverted(logp_learner, logp_sampler, mask, cap, level="token"):
+    return masked_is_weights(logp_sampler, logp_learner, mask, cap, level)
+
+
+@mistake(masked_is_weights, "the level was ignored: level='sequence' drops whole responses whose sequence ratio "
+         "exceeds the cap, not single tokens")
+def _mis_token_always(logp_learner, logp_sampler, mask, cap, level="token"):
+    return masked_is_weights(logp_learner, logp_sampler, mask, cap, "token")
 
 
 # ------------------------------------------------------------------- 3. lognormal_tail_share
