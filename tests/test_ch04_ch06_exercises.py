@@ -14,7 +14,8 @@ import torch
 
 from rlkit.exercises import check, exercises, get
 
-CH04 = ["markov_sequence_kl", "reverse_kl_estimators", "adaptive_kl_beta", "clipped_surrogate_loss", "natural_step"]
+CH04 = ["markov_sequence_kl", "reverse_kl_estimators", "penalty_beta_trajectory", "clipped_surrogate_loss",
+        "natural_step"]
 CH06 = ["entropy_change", "kl_second_order", "kl_lr_update"]
 ALL = CH04 + CH06
 F64 = torch.float64
@@ -135,21 +136,49 @@ def test_reverse_kl_r3_is_accurate_at_tiny_log_ratios_and_the_displayed_estimato
     assert not check(lambda logp, logq: (kl_k2(logq, logp), kl_k3(logq, logp)), "reverse_kl_estimators", verbose=False)
 
 
-def test_adaptive_kl_beta_matches_the_controller_class():
+def test_penalty_beta_trajectory_follows_the_controller_class_in_closed_loop():
     from rlkit.controllers import AdaptiveKLController
-    ex = get("adaptive_kl_beta")
+    ex = get("penalty_beta_trajectory")
     article = next(m.fn for m in ex.mistakes if "article's rule" in m.cause)
-    for kl in [0.0, 0.001, 0.006, 0.0067, 0.01, 0.0149, 0.0151, 0.05]:
-        ctl = AdaptiveKLController(init_beta=0.8, target=0.01, rule="ppo")
-        assert ex.reference(0.8, kl, 0.01) == pytest.approx(ctl.update(kl))
-        ctl = AdaptiveKLController(init_beta=0.8, target=0.01, rule="article")
-        assert article(0.8, kl, 0.01) == pytest.approx(ctl.update(kl))
+    for beta0, c, target, power in [(1.0, 0.02, 0.01, 2.0), (0.3, 0.05, 0.01, 1.0), (7.0, 0.4, 0.02, 1.5),
+                                    (1.0, 0.375, 0.25, 2.0)]:
+        for rule, fn in (("ppo", ex.reference), ("article", article)):
+            ctl = AdaptiveKLController(init_beta=beta0, target=target, rule=rule, beta_min=1e-12, beta_max=1e12)
+            want = [beta0] + [ctl.update(c / ctl.beta ** power) for _ in range(12)]
+            assert fn(beta0, c, target, 12, power=power).tolist() == pytest.approx(want, rel=1e-12)
     ref = ex.reference
-    assert ref(1.0, 0.006, 0.01) == 0.5       # the article's rule would keep 1.0 here
-    with pytest.raises(ValueError, match="beta"):
-        ref(0.0, 0.01, 0.01)
-    with pytest.raises(ValueError, match="kl"):
-        ref(1.0, -0.01, 0.01)
+    assert ref(1.0, 0.02, 0.01, 4).tolist() == [1.0, 2.0, 1.0, 2.0, 1.0]      # the chapter's hand case
+    assert ref(1.0, 0.02, 0.01, 4).dtype == F64
+    with pytest.raises(ValueError, match="beta0"):
+        ref(0.0, 0.01, 0.01, 3)
+    with pytest.raises(ValueError, match="steps"):
+        ref(1.0, 0.01, 0.01, -1)
+
+
+def test_penalty_beta_trajectory_settles_or_cycles_as_the_band_argument_says():
+    # p = 1: the KL grid has ratio 2 < 2.25, every start settles; p = 2: ratio 4, the start cycles exactly when no
+    # KL c beta0^-2 4^k lies in [target / 1.5, 1.5 target] (decided here by scanning k)
+    ref = get("penalty_beta_trajectory").reference
+    c, target = 0.02, 0.01
+    for beta0 in torch.logspace(-2, 2, 301, dtype=F64).tolist():
+        tail1 = ref(beta0, c, target, 60, power=1.0)[-4:]
+        assert torch.all(tail1 == tail1[0])
+        tail2 = ref(beta0, c, target, 60, power=2.0)[-4:]
+        grid = [c / beta0 ** 2 * 4.0 ** k for k in range(-40, 41)]
+        in_band = any(target / 1.5 <= d <= 1.5 * target for d in grid)
+        settled = bool(torch.all(tail2 == tail2[0]))
+        assert settled == in_band, beta0
+        if not settled:
+            assert tail2[0] == tail2[2] and tail2[1] in (2 * tail2[0], tail2[0] / 2)
+
+
+def test_the_displayed_factor_called_as_a_student_would_fails():
+    from rlkit.controllers import AdaptiveKLController
+
+    def penalty_beta_trajectory(beta0, c, target, steps, power=2.0):
+        return beta0 * AdaptiveKLController(init_beta=beta0, target=target).factor(c / beta0 ** power)
+
+    assert not check(penalty_beta_trajectory, verbose=False)
 
 
 def test_clipped_surrogate_slow_loop_and_library_loss():

@@ -121,7 +121,7 @@ def test_the_raise_only_exceptions_are_still_needed():
 
 # The reviewer's reproducers (S9), each a hard-coded hyperparameter that the checker used to accept.
 S9 = [
-    ("adaptive_kl_beta", "target"),
+    ("penalty_beta_trajectory", "target"),
     ("kl_lr_update", "threshold"),
     ("adaptive_dual_clip_loss", "eps"),
     ("first_alert_step", "max_value"),
@@ -143,11 +143,11 @@ def test_a_hard_coded_hyperparameter_fails(name, arg):
     assert _answers_differently(ex, mutant)
 
 
-def test_adaptive_kl_beta_ignoring_target_fails():
-    """The review's reproducer, as written there."""
-    ref = get("adaptive_kl_beta").reference
+def test_penalty_beta_trajectory_ignoring_target_fails():
+    """The review's reproducer (a hard-coded target), written for the exercise that replaced adaptive_kl_beta."""
+    ref = get("penalty_beta_trajectory").reference
 
-    def adaptive_kl_beta(beta, kl, target):
-        return ref(beta, kl, 0.01)
+    def penalty_beta_trajectory(beta0, c, target, steps, power=2.0):
+        return ref(beta0, c, 0.01, steps, power)
 
-    assert not check(adaptive_kl_beta, verbose=False)
+    assert not check(penalty_beta_trajectory, verbose=False)

@@ -12,8 +12,10 @@ r"""Checkers for the exercises of chapter 4, ``lessons/04_kl_trpo_ppo.ipynb``.
   checked to a relative tolerance that rejects :math:`r_3` computed with ``exp`` (cancellation at small
   :math:`|\ell|`; use ``expm1``). (The chapter displays ``kl_k3`` and imports ``kl_k1``, ``kl_k2``, which
   estimate :math:`\mathrm{KL}(p\,\|\,q)` and passed the old exercise.)
-* ``adaptive_kl_beta(beta, kl, target)``: one update of the PPO paper's penalty coefficient
-  (double above :math:`1.5\,D_{targ}`, halve below :math:`D_{targ}/1.5`).
+* ``penalty_beta_trajectory(beta0, c, target, steps, power)``: the PPO paper's penalty rule (double above
+  :math:`1.5\,D_{targ}`, halve below :math:`D_{targ}/1.5`) run in closed loop on the model KL
+  :math:`c\,\beta^{-p}`, returning :math:`\beta_0, \dots, \beta_{\text{steps}}`. (The chapter displays
+  ``AdaptiveKLController.factor``, one step of the rule, which passed the old one-step exercise.)
 * ``clipped_surrogate_loss(logp_new, logp_old, advantages, eps)``: PPO-clip's per-sample loss
   :math:`-\min(\rho\hat A, \mathrm{clip}(\rho, 1-\epsilon, 1+\epsilon)\hat A)`.
 * ``natural_step(s, Fs, delta)``: TRPO's full step :math:`\sqrt{2\delta / s^\top F s}\; s` along the
@@ -184,56 +186,91 @@ def _rev_no_expm1(logp, logq):
     return torch.exp(lr) * lr, (lr - 1) * torch.exp(lr) + 1
 
 
-# --------------------------------------------------------------------------- 3. adaptive_kl_beta
+# --------------------------------------------------------------------------- 3. penalty_beta_trajectory
 
-def _band(kl, target, low_divisor=1.5):
-    r"""+1 above :math:`1.5\,d_{targ}`, -1 below :math:`d_{targ}` / ``low_divisor``, 0 in between."""
-    return (kl > 1.5 * target) - (kl < target / low_divisor)
+def _ppo_rule(beta, kl, target, up=2.0, low_divisor=1.5, strict=True, swapped=False):
+    above = kl > 1.5 * target if strict else kl >= 1.5 * target
+    below = kl < target / low_divisor if strict else kl <= target / low_divisor
+    if swapped:
+        above, below = below, above
+    if above:
+        return up * beta
+    if below:
+        return beta / up
+    return beta
+
+
+def _trajectory(beta0, c, target, steps, power, **rule):
+    betas = [float(beta0)]
+    for _ in range(steps):
+        betas.append(_ppo_rule(betas[-1], c / betas[-1] ** power, target, **rule))
+    return torch.tensor(betas, dtype=F64)
 
 
 def _beta_cases():
     return [
-        Case(args=(1.0, 0.03, 0.01), label="KL = 3 x target"),
-        Case(args=(1.0, 0.01, 0.01), label="KL on target"),
-        Case(args=(0.5, 0.006, 0.01), label="KL = 0.6 x target"),
-        Case(args=(0.5, 0.001, 0.01), label="KL = 0.1 x target"),
-        Case(args=(2.0, 0.015, 0.01), label="KL exactly 1.5 x target (no change: the test is strict)"),
-        Case(args=(2.0, 0.01 / 1.5, 0.01), label="KL exactly target / 1.5 (no change)"),
-        Case(args=(0.1, 0.05, 0.02), label="another target"),
-        Case(args=(1.0, 0.05, 0.04), label="KL 0.05 against a target of 0.04: in the band (no change)"),
+        Case(args=(1.0, 0.02, 0.01, 6), kwargs={"power": 2.0},
+             label="the chapter's quadratic model c / beta^2, c = 0.02: beta cycles 1, 2, 1, 2, ..."),
+        Case(args=(1.0, 0.1, 0.01, 6), kwargs={"power": 1.0},
+             label="KL = c / beta: doubles to 8 (KL 0.0125, in the band) and stays"),
+        Case(args=(1.0, 0.16, 0.01, 5), kwargs={"power": 2.0}, label="c = 0.16: beta = 4 gives KL = target and stays"),
+        Case(args=(100.0, 0.1, 0.01, 8), kwargs={"power": 1.0},
+             label="a penalty far too large: halves to 12.5 (KL 0.008) and stays"),
+        Case(args=(1.0, 0.375, 0.25, 4), kwargs={"power": 2.0},
+             label="KL exactly 1.5 x target (0.375, exact in binary): the test is strict, beta never moves"),
+        Case(args=(1.0, 0.02, 0.01, 0), kwargs={"power": 2.0}, label="no update: the trajectory is [beta0]"),
+        Case(args=(3.0, 0.05, 0.02, 10), kwargs={"power": 1.5}, label="KL = c / beta^1.5"),
     ]
 
 
-@exercise(chapter=4, cases=_beta_cases, atol=1e-12, description="one update of PPO's adaptive KL-penalty coefficient")
-def adaptive_kl_beta(beta, kl, target):
-    r"""PPO paper: :math:`\beta \times 2` if :math:`\hat D > 1.5 D_{targ}`; :math:`/2` if
-    :math:`\hat D < D_{targ}/1.5` (:math:`\hat D` the measured KL)."""
-    beta = V.real_in(beta, "beta", 0.0, lo_open=True)
-    kl = V.real_in(kl, "kl", 0.0)
+@exercise(chapter=4, cases=_beta_cases, atol=0.0, rtol=1e-12,
+          description="PPO's adaptive KL penalty run in closed loop on a model of the KL")
+def penalty_beta_trajectory(beta0, c, target, steps, power=2.0):
+    r""":math:`\beta_0, \dots, \beta_{\text{steps}}` (float64) under the PPO paper's rule with the measured KL
+    :math:`d_k = c\,\beta_k^{-p}`: :math:`\times 2` if :math:`d_k > 1.5\,d_{targ}`, :math:`/2` if
+    :math:`d_k < d_{targ}/1.5`."""
+    beta0 = V.real_in(beta0, "beta0", 0.0, lo_open=True)
+    c = V.real_in(c, "c (the KL at beta = 1)", 0.0, lo_open=True)
     target = V.real_in(target, "target", 0.0, lo_open=True)
-    if kl > 1.5 * target:
-        return 2.0 * beta
-    if kl < target / 1.5:
-        return beta / 2.0
-    return beta
+    steps = V.int_in(steps, "steps", 0)
+    power = V.real_in(power, "power", 0.0, lo_open=True)
+    return _trajectory(beta0, c, target, steps, power)
 
 
-@mistake(adaptive_kl_beta, "you relax beta only below 0.5 x target: that is the article's rule; the PPO "
+@mistake(penalty_beta_trajectory, "you relax beta only below 0.5 x target: that is the article's rule; the PPO "
          "paper (and this book) halves beta below target / 1.5, a band symmetric in log KL")
-def _beta_article(beta, kl, target):
-    return beta * 2.0 ** _band(kl, target, low_divisor=2.0)
+def _beta_article(beta0, c, target, steps, power=2.0):
+    return _trajectory(beta0, c, target, steps, power, low_divisor=2.0)
 
 
-@mistake(adaptive_kl_beta, "the directions are swapped: a KL above target needs a LARGER penalty "
+@mistake(penalty_beta_trajectory, "the directions are swapped: a KL above target needs a LARGER penalty "
          "(beta x 2), a KL below target a smaller one")
-def _beta_inverted(beta, kl, target):
-    return beta * 2.0 ** -_band(kl, target)
+def _beta_inverted(beta0, c, target, steps, power=2.0):
+    return _trajectory(beta0, c, target, steps, power, swapped=True)
 
 
-@mistake(adaptive_kl_beta, "the band edges are 1.5 x target and target / 1.5, but beta itself moves by a "
+@mistake(penalty_beta_trajectory, "the band edges are 1.5 x target and target / 1.5, but beta itself moves by a "
          "factor of 2")
-def _beta_times_15(beta, kl, target):
-    return beta * 1.5 ** _band(kl, target)
+def _beta_times_15(beta0, c, target, steps, power=2.0):
+    return _trajectory(beta0, c, target, steps, power, up=1.5)
+
+
+@mistake(penalty_beta_trajectory, "the comparisons are strict: a KL exactly at 1.5 x target (or target / 1.5) "
+         "is inside the band and leaves beta unchanged")
+def _beta_non_strict(beta0, c, target, steps, power=2.0):
+    return _trajectory(beta0, c, target, steps, power, strict=False)
+
+
+@mistake(penalty_beta_trajectory, "your KL ignores the power: the model's KL is c / beta^power (power 2 for the "
+         "quadratic model), not c / beta")
+def _beta_power_one(beta0, c, target, steps, power=2.0):
+    return _trajectory(beta0, c, target, steps, 1.0)
+
+
+@mistake(penalty_beta_trajectory, "the trajectory starts with beta0: return steps + 1 values, "
+         "beta_0, ..., beta_steps")
+def _beta_no_start(beta0, c, target, steps, power=2.0):
+    return _trajectory(beta0, c, target, steps, power)[1:]
 
 
 # --------------------------------------------------------------------------- 4. clipped_surrogate_loss
