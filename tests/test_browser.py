@@ -13,6 +13,7 @@ Without Chromium the test skips with a message on a reader's machine, and fails 
 from __future__ import annotations
 
 import functools
+import html as html_lib
 import http.server
 import json
 import os
@@ -21,6 +22,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -126,7 +128,7 @@ def _run_chromium(browser, args, timeout=120):
         return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
-def _probe(browser, server, page: Path, attempts: int = 3, probe: str = PROBE):
+def _probe(browser, server, page: Path, attempts: int = 3, probe: str = PROBE, root: Path = HTML):
     """Load `page` with the probe appended and return the probe's report.
 
     The report is read from a ``<pre id="rlkit-probe">`` that the probe appends. The book's theme
@@ -142,7 +144,7 @@ def _probe(browser, server, page: Path, attempts: int = 3, probe: str = PROBE):
     probe_page.write_text(html.replace("</body>", probe + "</body>"))
     errors = []
     try:
-        url = f"{server}/{probe_page.relative_to(HTML).as_posix()}"
+        url = f"{server}/{probe_page.relative_to(root).as_posix()}"
         for attempt in range(attempts):
             budget = 30000 * (attempt + 1)
             proc = _run_chromium(browser, ["--window-size=1280,1600", f"--virtual-time-budget={budget}",
@@ -150,7 +152,7 @@ def _probe(browser, server, page: Path, attempts: int = 3, probe: str = PROBE):
                                            "--dump-dom", url], timeout=180)
             m = re.search(r'<pre id="rlkit-probe"[^>]*>(.*?)</pre>', proc.stdout, re.S)
             if m:
-                return json.loads(m.group(1).replace("&quot;", '"'))
+                return json.loads(html_lib.unescape(m.group(1)))
             errors.append(f"attempt {attempt + 1} (virtual-time budget {budget} ms), exit "
                           f"{proc.returncode}, {len(proc.stdout)} bytes of DOM; stderr tail:\n"
                           f"{proc.stderr[-800:]}")
@@ -258,3 +260,236 @@ def test_screenshot_of_a_chapter(browser, server):
     _run_chromium(browser, ["--window-size=1280,1600", "--virtual-time-budget=20000",
                             f"--screenshot={shot}", url])
     assert shot.exists() and shot.stat().st_size > 20_000, f"screenshot {shot} missing or blank"
+
+
+# ------------------------------------------------------------------ the student edition (issue 23, item 1)
+#
+# The student book (python -m rlkit.exercises.student book) renders the same sources with
+# sphinx-exercise's hide_solutions, from the instructor build's cache, into _build/student/html.
+# The oracle for "a solution survived": distinctive phrases of every {solution} block in the
+# chapter notebooks (runs of six or more plain words of their prose, and their longest line of
+# code), each one kept only if the instructor's page shows it (so a phrase that rendering changes
+# cannot make the check vacuous), and none of them may appear anywhere in the student site.
+
+STUDENT = ROOT / "_build" / "student"
+STUDENT_HTML = STUDENT / "html"
+LESSONS = ROOT / "lessons"
+_SOLUTION_BLOCK = re.compile(r"^ {0,3}(`{3,}|~{3,}|:{3,})[ \t]*\{solution\}.*?$(.*?)^ {0,3}\1[ \t]*$",
+                             re.S | re.M | re.I)
+
+
+def _chapter_notebooks():
+    return sorted(LESSONS.glob("[0-9][0-9]_*.ipynb"))
+
+
+def _squash(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip()
+
+
+class _TextOf(HTMLParser):
+    """The text of a page without scripts and styles; with ``drop_solutions``, without the solution
+    elements (sphinx-exercise's ``class="solution ..."`` and everything inside them) too."""
+
+    VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
+
+    def __init__(self, drop_solutions: bool):
+        super().__init__(convert_charrefs=True)
+        self.drop_solutions, self.skip, self.parts = drop_solutions, 0, []
+
+    def handle_starttag(self, tag, attrs):
+        if tag in self.VOID:
+            return
+        classes = (dict(attrs).get("class") or "").split()
+        if self.skip or tag in ("script", "style") or (self.drop_solutions and "solution" in classes):
+            self.skip += 1
+
+    def handle_endtag(self, tag):
+        if self.skip and tag not in self.VOID:
+            self.skip -= 1
+
+    def handle_data(self, data):
+        if not self.skip:
+            self.parts.append(data)
+
+
+def _page_text(path: Path, drop_solutions: bool = False) -> str:
+    """The visible text of a built page (scripts and styles dropped), whitespace squashed."""
+    parser = _TextOf(drop_solutions)
+    parser.feed(path.read_text(errors="replace"))
+    parser.close()
+    return _squash("".join(parser.parts))
+
+
+def _solution_phrases(notebook: Path) -> list[list[str]]:
+    """Per {solution} block of ``notebook``: its distinctive phrases (see above), before the control."""
+    nb = json.loads(notebook.read_text())
+    cells = [("".join(c["source"]), c["cell_type"]) for c in nb["cells"]]
+    md = [src for src, kind in cells if kind == "markdown"]
+    code = [src for src, kind in cells if kind == "code" and not src.lstrip().startswith("# Solutions")]
+    outside = _squash(_SOLUTION_BLOCK.sub("", "\n".join(md)) + "\n" + "\n".join(code))
+    found = []
+    for block in (m.group(2) for text in md for m in _SOLUTION_BLOCK.finditer(text)):
+        block = re.sub(r"^:\w+:.*$", "", block, flags=re.M)                    # the directive's options
+        lines = [ln.strip() for f in re.findall(r"```\w*\n(.*?)```", block, re.S) for ln in f.splitlines()]
+        prose = re.sub(r"```.*?```", " ", block, flags=re.S)
+        prose = re.sub(r"\$\$.*?\$\$|\$[^$]*\$|\{[\w:-]+\}`[^`]*`|`[^`]*`", "|", prose, flags=re.S)
+        runs = [_squash(r).strip(" ,.;:") for r in re.split(r"[|*_\[\]()\\{}<>\"'“”]|\n\s*\n", prose)]
+        runs = sorted({r for r in runs if len(r.split()) >= 6 and r not in outside}, key=len, reverse=True)
+        lines = sorted({_squash(ln) for ln in lines if len(ln) >= 30 and ln not in outside
+                        and not ln.startswith("def ")}, key=len, reverse=True)
+        found.append(runs[:3] + lines[:1])
+    return found
+
+
+@pytest.fixture(scope="module")
+def student_book():
+    """The student book, built once (strict: warnings are errors) from the instructor build's cache."""
+    from rlkit.exercises.student import build_student_book, uncached_chapters
+
+    missing = uncached_chapters(ROOT)
+    if missing:
+        pytest.fail(f"the instructor build's cache lacks {missing}: the student book reuses its outputs, so run "
+                    f"the book build (tests/test_book.py, or jupyter-book build .) first")
+    result = build_student_book(ROOT, STUDENT, strict=True)
+    log = result["log"].read_text()
+    assert result["returncode"] == 0, "the student book build failed:\n" + log[-4000:]
+    print(f"student book built in {result['seconds']:.1f} s; left out: {result['dropped']}")
+    return result
+
+
+@pytest.fixture(scope="module")
+def confirmed_phrases():
+    """{chapter stem: phrases of its solutions that the instructor's book shows only in its solutions}.
+
+    A phrase is kept if the chapter's instructor page shows it and no page of the instructor's book
+    shows it outside a solution element (a loop a chapter also displays, a library docstring's
+    words); every solution block must keep one."""
+    if not (HTML / "lessons").is_dir():
+        pytest.fail("the instructor's book is not built (_build/html/lessons missing): run the book build first")
+    elsewhere = " | ".join(_page_text(p, drop_solutions=True) for p in sorted(HTML.rglob("*.html"))
+                           if "_static" not in p.parts and not p.name.startswith("_probe_"))
+    out, problems = {}, []
+    for nb in _chapter_notebooks():
+        page = _page_text(HTML / "lessons" / f"{nb.stem}.html")
+        kept = []
+        for i, phrases in enumerate(_solution_phrases(nb)):
+            shown = [p for p in phrases if p in page and p not in elsewhere]
+            if not shown:
+                problems.append(f"{nb.stem}, solution {i + 1}: none of {phrases} is on the instructor's page "
+                                f"in its solution only")
+            kept += shown
+        out[nb.stem] = kept
+    assert not problems, "the oracle found no phrase to look for:\n" + "\n".join(problems)
+    assert sum(map(len, out.values())) >= 2 * 87
+    return out
+
+
+def test_the_student_book_is_built_from_the_cache_and_leaves_the_instructors_pages_out(student_book):
+    assert not student_book["executed"], f"the student build executed chapters again: {student_book['executed']}"
+    for nb in _chapter_notebooks():
+        assert (STUDENT_HTML / "lessons" / f"{nb.stem}.html").exists(), f"no student page for {nb.name}"
+    assert not list(STUDENT_HTML.rglob("*quiz_bank*")) and not (STUDENT_HTML / "book" / "instructor").exists()
+    title = re.compile(r"<title>[^<]*student edition[^<]*</title>")
+    assert not title.search((HTML / "book" / "intro.html").read_text())
+    assert title.search((STUDENT_HTML / "book" / "intro.html").read_text())
+
+
+def test_the_student_site_holds_no_solution_anywhere(student_book, confirmed_phrases):
+    """No solution phrase, solution element, solution cell, quiz answer or solutions module in any file."""
+    quiz = (ROOT / "book" / "instructor" / "quiz_bank.md").read_text()
+    answers = [_squash(a) for a in re.findall(r"^\*Answer\.\*(.{40,}?)$", quiz, re.M)][:20]
+    assert answers, "no answers found in the quiz bank"
+    forbidden = {p: stem for stem, phrases in confirmed_phrases.items() for p in phrases}
+    leaks = []
+    for path in sorted(p for p in STUDENT_HTML.rglob("*") if p.is_file()):
+        if path.suffix not in (".html", ".js", ".txt", ".ipynb", ".md", ".json", ".inv") or "_static" in path.parts:
+            continue
+        raw = path.read_text(errors="replace")
+        text = _page_text(path) if path.suffix == ".html" else _squash(raw)
+        if path.suffix == ".ipynb":       # the downloadable student editions: markdown and code, no outputs
+            nb = json.loads(raw)
+            text = _squash("\n".join("".join(c["source"]) for c in nb["cells"]))
+            assert nb["metadata"].get("rlkit", {}).get("edition") == "student", path
+        name = path.relative_to(STUDENT_HTML).as_posix()
+        leaks += [f"{name}: solution text of {forbidden[p]}: {p[:80]!r}" for p in forbidden if p in text]
+        leaks += [f"{name}: quiz answer {a[:60]!r}" for a in answers if a in text]
+        if re.search(r'class="[^"]*\bsolution\b', raw) or "Solution to Exercise" in text:
+            leaks.append(f"{name}: a solution element")
+        if "# Solutions, checked" in raw or "# Solutions (hidden" in raw:
+            leaks.append(f"{name}: a chapter's solution cell")
+        if re.search(r'id="rlkit\.exercises\.solutions\b', raw):
+            leaks.append(f"{name}: documents rlkit.exercises.solutions")
+    assert not leaks, f"{len(leaks)} leaks in the student site:\n" + "\n".join(leaks[:30])
+    # the instructor's build does show them (the checks above could fail)
+    assert re.search(r'class="[^"]*\bsolution\b', (HTML / "lessons" / "02_advantage_gae.html").read_text())
+
+
+@pytest.fixture(scope="module")
+def student_server(student_book):
+    handler = functools.partial(_QuietHandler, directory=str(STUDENT_HTML))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+STUDENT_PROBE = """
+<script>
+(function () {
+  window.addEventListener('load', function () {
+    var wait = (window.MathJax && MathJax.startup && MathJax.startup.promise) || Promise.resolve();
+    wait.then(function () {
+      setTimeout(function () {
+        var main = document.querySelector('main') || document.body;
+        // open every dropdown and <details>, so that hidden content would be in innerText too
+        main.querySelectorAll('details').forEach(function (d) { d.open = true; });
+        var r = {
+          exercises: main.querySelectorAll('.exercise').length,
+          solutions: main.querySelectorAll('.solution, [id*="-solution-"], #solution-content').length,
+          solution_titles: (main.innerText.match(/Solution to Exercise/g) || []).length,
+          answer_dropdowns: Array.prototype.slice
+            .call(main.querySelectorAll('details summary, .dropdown .admonition-title'))
+            .map(function (e) { return e.innerText.trim(); })
+            .filter(function (t) { return /solution/i.test(t); }),
+          text: main.innerText
+        };
+        var pre = document.createElement('pre');
+        pre.id = 'rlkit-probe';
+        pre.textContent = JSON.stringify(r);
+        document.body.appendChild(pre);
+      }, 500);
+    });
+  });
+})();
+</script>
+"""
+
+
+#: The student pages Chromium opens: the appendix (whose self-test keeps its "Answer" dropdowns) and
+#: two chapters of each part. A page costs about 4-10 s of Chromium on two busy cores; every page and
+#: every other file of the student site is searched for the same phrases without a browser above.
+STUDENT_BROWSER_CHAPTERS = ("00_prerequisites", "02_advantage_gae", "07_tiny_llm", "12_clipping_staleness",
+                            "16_offpolicy_multistep", "21_offline_rl_ope")
+
+
+def test_student_pages_in_a_browser_show_no_solution(browser, student_server, confirmed_phrases):
+    """Chromium opens student chapter pages: exercises, but no solution element, title or text."""
+    import time
+
+    problems, start = [], time.monotonic()
+    for stem in STUDENT_BROWSER_CHAPTERS:
+        nb = LESSONS / f"{stem}.ipynb"
+        page = STUDENT_HTML / "lessons" / f"{nb.stem}.html"
+        r = _probe(browser, student_server, page, probe=STUDENT_PROBE, root=STUDENT_HTML)
+        text = _squash(r["text"])
+        shown = [p for p in confirmed_phrases[nb.stem] if p in text]
+        print(f"{nb.stem}: {r['exercises']} exercises, {r['solutions']} solution elements, "
+              f"{len(shown)} of {len(confirmed_phrases[nb.stem])} solution phrases shown")
+        if r["exercises"] < 3:
+            problems.append(f"{nb.stem}: {r['exercises']} exercises rendered (expected 3 or more)")
+        if r["solutions"] or r["solution_titles"] or r["answer_dropdowns"]:
+            problems.append(f"{nb.stem}: solution elements {r['solutions']}, titles {r['solution_titles']}, "
+                            f"dropdowns {r['answer_dropdowns']}")
+        problems += [f"{nb.stem}: shows {p[:80]!r}" for p in shown]
+    print(f"{len(STUDENT_BROWSER_CHAPTERS)} student pages in {time.monotonic() - start:.1f} s")
+    assert not problems, "\n".join(problems)
