@@ -66,7 +66,7 @@ __all__ = ["Case", "Mistake", "Exercise", "StoredExercise", "Stored", "CheckResu
            "register", "exercise", "mistake", "check", "grade", "exercises", "get", "self_check", "has_solutions",
            "EXPECTED_DIR", "expected_path"]
 
-#: where the stored expectations live: one ``chNN.pt`` per chapter
+#: The folder of the stored expectations, one ``chNN.pt`` per chapter.
 EXPECTED_DIR = Path(__file__).resolve().parent / "expected"
 #: the version of the stored data's layout (``record`` writes it; a reader refuses another)
 STORED_FORMAT = 1

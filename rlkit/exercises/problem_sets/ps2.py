@@ -21,7 +21,7 @@ from . import ProblemSet, Test, register_problem_set
 
 __all__ = ["PS2", "LEARN_STEPS", "LEARN_LR", "LEARN_GAIN"]
 
-#: The learning tests' budget: updates and Adam step size (16 prompts x 8 responses per update).
+#: The learning tests' budget, in updates and Adam step size (16 prompts x 8 responses per update).
 LEARN_STEPS = 20
 LEARN_LR = 3e-4
 #: The gain of held-out greedy accuracy (on 160 test problems) a learning test asks of each run.

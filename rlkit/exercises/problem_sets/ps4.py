@@ -154,7 +154,7 @@ def exact_values(env: HazardGrid, policy) -> tuple[float, float]:
 
 @dataclass(frozen=True)
 class PS4Config:
-    """The settings of :func:`train_constrained` (the student's trainer); every run of the problem set uses these.
+    """The settings of ``train_constrained`` (the student's trainer); every run of the problem set uses these.
 
     ``iterations`` PPO iterations of ``episodes`` episodes each; ``epochs`` full-batch PPO epochs per
     iteration with clip radius ``clip``; Adam with ``lr`` on the policy and ``critic_lr`` on the critic

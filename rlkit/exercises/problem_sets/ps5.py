@@ -21,6 +21,7 @@ from . import ANSWER_PREAMBLE, ProblemSet, Test, register_problem_set
 
 __all__ = ["PS5", "SHIPPED_SOURCE", "TRAIN_SOURCE", "shipped"]
 
+#: The shipped code of each answer cell, by task (the trainer as handed out, bugs included).
 SHIPPED_SOURCE = {
     "collect_rollout": '''\
 def collect_rollout(env, policy, value, obs, num_steps):
@@ -100,6 +101,7 @@ def ppo_update(policy, value, optimizer, batch, advantages, returns, epochs=20, 
 ''',
 }
 
+#: The training loop the skeleton runs around the three answer cells.
 TRAIN_SOURCE = '''\
 def train(seed=0, total_steps=10_000, lam=0.8, gamma=0.98, num_steps=256, epochs=20, lr=2e-3, eps=0.2,
           vf_coef=0.5):
