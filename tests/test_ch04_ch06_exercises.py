@@ -14,9 +14,9 @@ import torch
 
 from rlkit.exercises import check, exercises, get
 
-CH04 = ["markov_sequence_kl", "reverse_kl_estimators", "penalty_beta_trajectory", "clipped_surrogate_loss",
+CH04 = ["markov_sequence_kl", "reverse_kl_estimators", "penalty_beta_trajectory", "clip_loss_grad",
         "natural_step"]
-CH06 = ["entropy_change", "kl_second_order", "kl_lr_update"]
+CH06 = ["entropy_change", "kl_second_order", "kl_lr_trajectory"]
 ALL = CH04 + CH06
 F64 = torch.float64
 
@@ -181,32 +181,47 @@ def test_the_displayed_factor_called_as_a_student_would_fails():
     assert not check(penalty_beta_trajectory, verbose=False)
 
 
-def test_clipped_surrogate_slow_loop_and_library_loss():
-    ref = get("clipped_surrogate_loss").reference
-    g = torch.Generator().manual_seed(3)
-    lo = torch.log(torch.rand(50, generator=g, dtype=F64) * 0.9 + 0.05)
-    ln = lo + 0.4 * torch.randn(50, generator=g, dtype=F64)
-    adv = torch.randn(50, generator=g, dtype=F64)
-    out = ref(ln, lo, adv, 0.2)
-    for i in range(50):
-        r = math.exp(ln[i].item() - lo[i].item())
-        a = adv[i].item()
-        rc = min(max(r, 0.8), 1.2)
-        assert out[i].item() == pytest.approx(-min(r * a, rc * a), abs=1e-12)
+def test_clip_loss_grad_matches_autograd_of_the_library_loss_and_a_slow_loop():
     from rlkit.objectives import ppo_clip_loss
-    lib, _ = ppo_clip_loss(ln[None], lo[None], adv[None], eps=0.2)
-    assert out.mean().item() == pytest.approx(lib.item(), abs=1e-12)
+    ref = get("clip_loss_grad").reference
+    g = torch.Generator().manual_seed(3)
+    lo = torch.log(torch.rand(200, generator=g, dtype=F64) * 0.9 + 0.05)
+    ln = lo + 0.8 * torch.randn(200, generator=g, dtype=F64)
+    adv = torch.randn(200, generator=g, dtype=F64)
+    for eps, eps_high, c in [(0.2, None, None), (0.2, 0.28, None), (0.1, 0.3, 2.0), (0.2, None, 3.0)]:
+        out = ref(ln, lo, adv, eps, eps_high, c)
+        x = ln.clone().requires_grad_()
+        loss, _ = ppo_clip_loss(x[None], lo[None], adv[None], eps=eps, eps_high=eps_high, dual_clip=c)
+        (loss * 200).backward()                      # token-mean over 200 samples: times 200 is the sum
+        assert torch.allclose(out, x.grad, atol=1e-12)
+        top = 1 + (eps if eps_high is None else eps_high)
+        for i in range(200):                         # the regions, one sample at a time
+            r, a = math.exp(ln[i].item() - lo[i].item()), adv[i].item()
+            active = (a > 0 and r < top) or (a < 0 and r > 1 - eps and not (c is not None and r > c))
+            assert out[i].item() == pytest.approx(-r * a if active else 0.0, abs=1e-12)
 
 
-def test_clipped_surrogate_gradient_is_zero_where_clipping_binds():
-    ref = get("clipped_surrogate_loss").reference
-    lo = torch.log(torch.tensor([0.2, 0.2, 0.2, 0.2], dtype=F64))
-    ln = (lo + torch.log(torch.tensor([1.5, 1.5, 0.5, 0.5], dtype=F64))).requires_grad_()
-    adv = torch.tensor([1.0, -1.0, 1.0, -1.0], dtype=F64)
-    ref(ln, lo, adv, 0.2).sum().backward()
-    # r = 1.5, A > 0: clipped (no gradient); r = 1.5, A < 0: still pushed down; r = 0.5, A > 0: still
-    # pushed up; r = 0.5, A < 0: clipped
-    assert ln.grad.tolist() == pytest.approx([0.0, 1.5, -0.5, 0.0])
+def test_clip_loss_grad_hand_cases():
+    ref = get("clip_loss_grad").reference
+    lo = torch.log(torch.tensor([0.2] * 6, dtype=F64))
+    ln = lo + torch.log(torch.tensor([1.5, 1.5, 0.5, 0.5, 1.25, 4.0], dtype=F64))
+    adv = torch.tensor([1.0, -1.0, 1.0, -1.0, 1.0, -1.0], dtype=F64)
+    # r = 1.5, A > 0: clipped; r = 1.5, A < 0: pushed down; r = 0.5, A > 0: pushed up; r = 0.5, A < 0: clipped;
+    # r = 1.25, A > 0: clipped at eps = 0.2, not with eps_high = 0.28; r = 4, A < 0: only the dual clip stops it
+    assert ref(ln, lo, adv, 0.2).tolist() == pytest.approx([0.0, 1.5, -0.5, 0.0, 0.0, 4.0])
+    assert ref(ln, lo, adv, 0.2, 0.28).tolist() == pytest.approx([0.0, 1.5, -0.5, 0.0, -1.25, 4.0])
+    assert ref(ln, lo, adv, 0.2, 0.28, 3.0).tolist() == pytest.approx([0.0, 1.5, -0.5, 0.0, -1.25, 0.0])
+    with pytest.raises(ValueError, match="dual_clip"):
+        ref(ln, lo, adv, 0.2, None, 0.5)
+
+
+def test_the_displayed_ppo_clip_loss_called_as_a_student_would_fails():
+    from rlkit.objectives import ppo_clip_loss
+
+    def clip_loss_grad(logp_new, logp_old, advantages, eps, eps_high=None, dual_clip=None):
+        return ppo_clip_loss(logp_new, logp_old, advantages, eps=eps, eps_high=eps_high, dual_clip=dual_clip)[0]
+
+    assert not check(clip_loss_grad, verbose=False)
 
 
 def test_natural_step_sits_on_the_kl_boundary():
@@ -255,16 +270,52 @@ def test_kl_second_order_matches_the_exact_kl_for_small_steps():
     assert torch.allclose(ref(z, torch.ones_like(z)), torch.zeros(3, dtype=F64), atol=1e-14)
 
 
-def test_kl_lr_update_matches_the_controller_class():
+def test_kl_lr_trajectory_follows_the_controller_class_in_closed_loop():
     from rlkit.controllers import KLTriggeredLR
-    ref = get("kl_lr_update").reference
-    for lr, kl, thr, aim in [(0.01, 0.08, 0.02, 0.005), (0.01, 5.0, 0.02, 0.005), (0.003, 0.008, 0.02, 0.005),
-                             (0.003, 0.0002, 0.02, 0.005), (0.001, 0.0, 0.02, 0.005), (0.002, 0.02, 0.02, 0.01)]:
+    ref = get("kl_lr_trajectory").reference
+    g = torch.Generator().manual_seed(61)
+    for lr0, c, thr, aim, power, sigma in [(0.2, 40.0, 0.02, 0.005, 2.0, 0.0), (0.01, 3.0, 0.02, 0.005, 1.0, 0.7),
+                                           (1e-4, 40.0, 0.04, 0.01, 1.5, 0.3), (0.3, 50.0, 0.02, 0.005, 2.0, 1.0)]:
+        noise = sigma * torch.randn(25, generator=g, dtype=F64)
         ctl = KLTriggeredLR(threshold=thr, aim=aim, gain=0.5, max_step=1.25, max_cut=10.0, lr_min=1e-12, lr_max=1e3)
-        assert ref(lr, kl, thr, aim) == pytest.approx(ctl(kl, lr), rel=1e-12)
-    assert ref(0.01, 0.08, 0.02, 0.005) == pytest.approx(0.0025)     # hand: sqrt(0.005 / 0.08) = 1/4
+        lrs, kls = [lr0], []
+        for k in range(25):
+            kls.append(c * lrs[-1] ** power * math.exp(noise[k].item()))
+            lrs.append(ctl(kls[-1], lrs[-1]))
+        got_lrs, got_kls = ref(lr0, c, thr, aim, 25, power=power, noise=noise)
+        assert got_lrs.tolist() == pytest.approx(lrs, rel=1e-12)
+        assert got_kls.tolist() == pytest.approx(kls, rel=1e-12)
+    # hand: KL = 40 * 0.05^2 = 0.1 > 0.02, cut sqrt(0.005 / 0.1): the next KL is the set point exactly
+    lrs, kls = ref(0.05, 40.0, 0.02, 0.005, 2)
+    assert kls.tolist() == pytest.approx([0.1, 0.005], rel=1e-12)
+    assert lrs[1].item() == pytest.approx(0.05 * math.sqrt(0.05), rel=1e-12)
+    # p = 1: the same cut lands on the geometric mean sqrt(d d*) of the KL and the set point
+    lrs, kls = ref(0.1, 0.5, 0.02, 0.005, 2, power=1.0)
+    assert kls[1].item() == pytest.approx(math.sqrt(0.05 * 0.005), rel=1e-12)
     with pytest.raises(ValueError, match="aim"):
-        ref(0.01, 0.01, 0.02, 0.03)
+        ref(0.01, 1.0, 0.02, 0.03, 3)
+    with pytest.raises(ValueError, match="noise"):
+        ref(0.01, 1.0, 0.02, 0.005, 3, noise=[0.0, 0.1])
+
+
+def test_kl_lr_tracking_halves_the_log_distance_for_power_two():
+    # below the threshold, with no clip binding, log lr moves by p/4 of its distance to the set point's lr
+    ref = get("kl_lr_trajectory").reference
+    c, aim = 40.0, 0.005
+    lr_star = math.sqrt(aim / c)
+    lrs, _ = ref(lr_star * 1.2, c, 0.02, aim, 6)
+    gaps = [math.log(x / lr_star) for x in lrs.tolist()]
+    for a, b in zip(gaps, gaps[1:]):
+        assert b == pytest.approx(a / 2, rel=1e-9, abs=1e-15)
+
+
+def test_the_displayed_factor_called_as_a_student_would_fails_in_chapter_6():
+    from rlkit.controllers import KLTriggeredLR
+
+    def kl_lr_trajectory(lr0, c, threshold, aim, steps, power=2.0, noise=None):
+        return lr0 * KLTriggeredLR(threshold=threshold, aim=aim).factor(c * lr0 ** power)
+
+    assert not check(kl_lr_trajectory, verbose=False)
 
 
 # The generic checks (each reference passes its checker, each registered mistake is

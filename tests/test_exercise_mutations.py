@@ -122,7 +122,7 @@ def test_the_raise_only_exceptions_are_still_needed():
 # The reviewer's reproducers (S9), each a hard-coded hyperparameter that the checker used to accept.
 S9 = [
     ("penalty_beta_trajectory", "target"),
-    ("kl_lr_update", "threshold"),
+    ("kl_lr_trajectory", "threshold"),
     ("adaptive_dual_clip_loss", "eps"),
     ("first_alert_step", "max_value"),
     ("model_token_mask", "prompt_len"),

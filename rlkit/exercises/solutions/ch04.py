@@ -16,8 +16,11 @@ r"""Checkers for the exercises of chapter 4, ``lessons/04_kl_trpo_ppo.ipynb``.
   :math:`1.5\,D_{targ}`, halve below :math:`D_{targ}/1.5`) run in closed loop on the model KL
   :math:`c\,\beta^{-p}`, returning :math:`\beta_0, \dots, \beta_{\text{steps}}`. (The chapter displays
   ``AdaptiveKLController.factor``, one step of the rule, which passed the old one-step exercise.)
-* ``clipped_surrogate_loss(logp_new, logp_old, advantages, eps)``: PPO-clip's per-sample loss
-  :math:`-\min(\rho\hat A, \mathrm{clip}(\rho, 1-\epsilon, 1+\epsilon)\hat A)`.
+* ``clip_loss_grad(logp_new, logp_old, advantages, eps, eps_high, dual_clip)``: the per-sample gradient in
+  :math:`\log\pi_{new}` of PPO-clip's loss :math:`-\min(\rho\hat A, \mathrm{clip}(\rho, 1-\epsilon,
+  1+\epsilon_{high})\hat A)` with DAPO's clip-higher and the dual clip of Ye et al.: :math:`-\rho\hat A` where
+  the unclipped branch is selected, 0 elsewhere. (The chapter displays ``rlkit.objectives.ppo_clip_loss``, the
+  loss itself, which a per-element loop turned into the old per-sample loss exercise.)
 * ``natural_step(s, Fs, delta)``: TRPO's full step :math:`\sqrt{2\delta / s^\top F s}\; s` along the
   natural-gradient direction ``s`` (:math:`\tilde g = F^{-1}g` in the chapter).
 """
@@ -273,57 +276,96 @@ def _beta_no_start(beta0, c, target, steps, power=2.0):
     return _trajectory(beta0, c, target, steps, power)[1:]
 
 
-# --------------------------------------------------------------------------- 4. clipped_surrogate_loss
+# --------------------------------------------------------------------------- 4. clip_loss_grad
 
-def _sur_cases():
+def _clip_grad(logp_new, logp_old, advantages, eps, eps_high=None, dual_clip=None, *, symmetric=False,
+               no_min=False, no_dual=False):
+    eps_high = eps if (eps_high is None or symmetric) else eps_high
+    ratio = torch.exp(logp_new - logp_old)
+    pos, neg = advantages > 0, advantages < 0
+    if no_min:      # -clip(r) A: no gradient wherever the ratio is outside the range, whatever the sign of A
+        active = (ratio > 1 - eps) & (ratio < 1 + eps_high)
+    else:           # the unclipped branch is the min: below the top for A > 0, above the bottom for A < 0
+        active = (pos & (ratio < 1 + eps_high)) | (neg & (ratio > 1 - eps))
+    if dual_clip is not None and not no_dual:
+        active = active & ~(neg & (ratio > dual_clip))
+    zero = torch.zeros((), dtype=ratio.dtype)
+    return torch.where(active, -ratio * advantages, zero)
+
+
+def _clip_grad_cases():
     g = torch.Generator().manual_seed(404)
-    r = torch.tensor([0.5, 0.9, 1.0, 1.1, 1.5, 0.5, 0.9, 1.0, 1.1, 1.5])
-    adv = torch.tensor([1.0] * 5 + [-1.0] * 5)
-    old = torch.log(torch.tensor([0.3] * 10))
+    r = torch.tensor([0.5, 0.9, 1.0, 1.25, 1.5, 4.0, 0.5, 0.9, 1.0, 1.25, 1.5, 4.0])
+    adv = torch.tensor([1.0] * 6 + [-1.0] * 6)
+    old = torch.log(torch.tensor([0.3] * 12))
     return [
-        Case(args=(old + torch.log(r), old, adv, 0.2), label="ratios 0.5..1.5, A = +1 and -1"),
+        Case(args=(old + torch.log(r), old, adv, 0.2),
+             label="ratios 0.5..4, A = +1 and -1, eps = 0.2 (symmetric, no dual clip)"),
+        Case(args=(old + torch.log(r), old, adv, 0.2), kwargs={"eps_high": 0.28},
+             label="the same with DAPO's clip-higher, eps_high = 0.28: ratio 1.25 with A > 0 keeps its gradient"),
+        Case(args=(old + torch.log(r), old, adv, 0.2), kwargs={"eps_high": 0.28, "dual_clip": 3.0},
+             label="clip-higher and a dual clip c = 3: ratio 4 with A < 0 loses its gradient"),
         Case(args=(torch.log(torch.rand(6, 9, generator=g) * 0.9 + 0.05),
                    torch.log(torch.rand(6, 9, generator=g) * 0.9 + 0.05),
-                   torch.randn(6, 9, generator=g), 0.1), label="[6, 9] random, eps = 0.1"),
-        Case(args=(torch.tensor([-50.0, 0.0, -60.0], dtype=F64), torch.tensor([-60.0, 0.0, -10.0], dtype=F64),
-                   torch.tensor([-2.0, 3.0, 1.0], dtype=F64), 0.3), label="log-ratios of +10 and -50, float64"),
+                   torch.randn(6, 9, generator=g), 0.1), kwargs={"eps_high": 0.3, "dual_clip": 2.0},
+             label="[6, 9] random, eps = 0.1, eps_high = 0.3, c = 2"),
+        Case(args=(torch.tensor([-50.0, 0.0, -60.0, -20.0], dtype=F64),
+                   torch.tensor([-60.0, 0.0, -10.0, -20.7], dtype=F64),
+                   torch.tensor([-2.0, 3.0, 1.0, -1.0], dtype=F64), 0.3), kwargs={"dual_clip": 3.0},
+             label="float64: log-ratio +10 with A < 0 (the dual clip binds), -50 with A > 0, ratio e^0.7 ~ 2.01 < c"),
     ]
 
 
-@exercise(chapter=4, cases=_sur_cases, atol=1e-5, description="PPO-clip's per-sample loss")
-def clipped_surrogate_loss(logp_new, logp_old, advantages, eps):
-    r""":math:`-\min(\rho\hat A, \mathrm{clip}(\rho, 1-\epsilon, 1+\epsilon)\hat A)`,
-    :math:`\rho = e^{\log\pi - \log\pi_{old}}`."""
+@exercise(chapter=4, cases=_clip_grad_cases, atol=1e-6, rtol=1e-6,
+          description="the per-sample gradient of PPO-clip's loss in log pi, with clip-higher and a dual clip")
+def clip_loss_grad(logp_new, logp_old, advantages, eps, eps_high=None, dual_clip=None):
+    r""":math:`\partial\ell/\partial\log\pi_{new} = -\rho\hat A` where the unclipped branch is selected, else 0;
+    :math:`\ell = -\min(\rho\hat A, \mathrm{clip}(\rho, 1-\epsilon, 1+\epsilon_{high})\hat A)`, capped at
+    :math:`-c\hat A` for :math:`\hat A < 0` (dual clip)."""
     V.matching_floats(min_dim=0, logp_new=logp_new, logp_old=logp_old, advantages=advantages)
     eps = V.real_in(eps, "eps", 0.0, 1.0, lo_open=True, hi_open=True)
-    ratio = torch.exp(logp_new - logp_old)
-    return -torch.minimum(ratio * advantages, ratio.clamp(1 - eps, 1 + eps) * advantages)
+    if eps_high is not None:
+        eps_high = V.real_in(eps_high, "eps_high", 0.0, lo_open=True)
+    if dual_clip is not None:
+        dual_clip = V.real_in(dual_clip, "dual_clip (c > 1)", 1.0, lo_open=True)
+    return _clip_grad(logp_new, logp_old, advantages, eps, eps_high, dual_clip)
 
 
-@mistake(clipped_surrogate_loss, "you dropped the min: -clip(r) A alone is not pessimistic (for A < 0 and "
-         "r > 1 + eps it would stop pushing the bad action down); keep min(r A, clip(r) A)")
-def _sur_no_min(logp_new, logp_old, advantages, eps):
-    return -torch.exp(logp_new - logp_old).clamp(1 - eps, 1 + eps) * advantages
+@mistake(clip_loss_grad, "you kept the gradient -rho A everywhere: where the clipped branch is the min "
+         "(rho above 1 + eps_high with A > 0, below 1 - eps with A < 0) the loss is flat in log pi")
+def _cg_never_clipped(logp_new, logp_old, advantages, eps, eps_high=None, dual_clip=None):
+    return -torch.exp(logp_new - logp_old) * advantages
 
 
-@mistake(clipped_surrogate_loss, "you took the max of the two objectives (the optimistic one); PPO takes the "
-         "min of the objectives, i.e. the max of the two losses")
-def _sur_max(logp_new, logp_old, advantages, eps):
-    # -max(rA, clip(r)A) = min(-rA, -clip(r)A): minus the reference on the negated advantages
-    return -clipped_surrogate_loss(logp_new, logp_old, -advantages, eps)
+@mistake(clip_loss_grad, "the sign is flipped: that is the gradient of the OBJECTIVE min(rho A, clip(rho) A); "
+         "the loss is its negative, so its gradient is -rho A where unclipped")
+def _cg_sign(logp_new, logp_old, advantages, eps, eps_high=None, dual_clip=None):
+    return -_clip_grad(logp_new, logp_old, advantages, eps, eps_high, dual_clip)
 
 
-@mistake(clipped_surrogate_loss, "the ratio is pi_new / pi_old = exp(logp_new - logp_old), not "
-         "logp_new / logp_old")
-def _sur_ratio_of_logs(logp_new, logp_old, advantages, eps):
-    ratio = logp_new / logp_old
-    return -torch.minimum(ratio * advantages, ratio.clamp(1 - eps, 1 + eps) * advantages)
+@mistake(clip_loss_grad, "the gradient in log pi carries the ratio: d(rho A)/d log pi = rho A, not A "
+         "(you differentiated in rho)")
+def _cg_no_ratio(logp_new, logp_old, advantages, eps, eps_high=None, dual_clip=None):
+    g = _clip_grad(logp_new, logp_old, advantages, eps, eps_high, dual_clip)
+    return torch.where(g != 0, -advantages, g)
 
 
-@mistake(clipped_surrogate_loss, "clip the ratio r to [1 - eps, 1 + eps], not the advantage")
-def _sur_clip_advantage(logp_new, logp_old, advantages, eps):
-    ratio = torch.exp(logp_new - logp_old)
-    return -torch.minimum(ratio * advantages, ratio * advantages.clamp(1 - eps, 1 + eps))
+@mistake(clip_loss_grad, "eps_high is ignored: clip-higher widens only the TOP of the range, to 1 + eps_high, "
+         "so a good action with ratio between 1 + eps and 1 + eps_high still gets a gradient")
+def _cg_symmetric(logp_new, logp_old, advantages, eps, eps_high=None, dual_clip=None):
+    return _clip_grad(logp_new, logp_old, advantages, eps, eps_high, dual_clip, symmetric=True)
+
+
+@mistake(clip_loss_grad, "without the min, -clip(rho) A has no gradient wherever rho leaves the range; PPO's min "
+         "keeps it where the unclipped term is the smaller (rho > 1 + eps with A < 0, rho < 1 - eps with A > 0)")
+def _cg_no_min(logp_new, logp_old, advantages, eps, eps_high=None, dual_clip=None):
+    return _clip_grad(logp_new, logp_old, advantages, eps, eps_high, dual_clip, no_min=True)
+
+
+@mistake(clip_loss_grad, "the dual clip is ignored: for A < 0 the loss is capped at -c A, so a token whose "
+         "ratio exceeds c gets no gradient")
+def _cg_no_dual(logp_new, logp_old, advantages, eps, eps_high=None, dual_clip=None):
+    return _clip_grad(logp_new, logp_old, advantages, eps, eps_high, dual_clip, no_dual=True)
 
 
 # --------------------------------------------------------------------------- 5. natural_step
