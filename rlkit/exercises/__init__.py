@@ -421,8 +421,8 @@ def _generic_cause(got: torch.Tensor, exp: torch.Tensor, atol: float, rtol: floa
     if not torch.isfinite(g).all() or not torch.isfinite(e).all():
         return None
     if e.abs().max() > atol and _close(g, -e, atol, rtol):
-        return ("your result is the reference with the sign flipped "
-                "(a loss must be minimised: did you drop or add a minus sign?)")
+        return ("your result is the reference with the sign flipped (a minus sign dropped or added, or a "
+                "difference taken the other way round; for a loss, remember that it is minimised)")
     nz = e.abs() > 1e-9
     if nz.sum() >= 2:  # with one number, every wrong answer is "a constant times" the right one
         ratio = g[nz] / e[nz]
