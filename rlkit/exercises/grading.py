@@ -38,7 +38,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-__all__ = ["ItemResult", "SubmissionResult", "grade_folder", "grade_notebook", "write_json", "write_csv"]
+__all__ = ["ItemResult", "SubmissionResult", "grade_folder", "write_json", "write_csv"]
 
 DEFAULT_HIDDEN_SEED = 1
 
@@ -260,6 +260,7 @@ def _record(r: SubmissionResult) -> dict:
 
 
 def write_json(results: list[SubmissionResult], path) -> None:
+    """Write the results of :func:`grade_folder` as a JSON list, one record per submission."""
     with open(path, "w", encoding="utf-8") as f:
         json.dump([_record(r) for r in results], f, indent=1, ensure_ascii=False)
         f.write("\n")

@@ -214,6 +214,7 @@ def _train_visible(ns):
                                    f"episodes is {got:.1f}; the target is {VISIBLE_TARGET:g}")
 
 
+#: Problem set 1 (REINFORCE to PPO on CartPole), with its tasks, visible tests and points, registered under ``"ps1"``.
 PS1 = register_problem_set(ProblemSet(
     key="ps1",
     title="From REINFORCE to PPO on CartPole",

@@ -23,6 +23,7 @@ __all__ = ["PS2", "LEARN_STEPS", "LEARN_LR", "LEARN_GAIN"]
 
 #: The learning tests' budget, in updates and Adam step size (16 prompts x 8 responses per update).
 LEARN_STEPS = 20
+#: The Adam step size of the learning tests.
 LEARN_LR = 3e-4
 #: The gain of held-out greedy accuracy (on 160 test problems) a learning test asks of each run.
 LEARN_GAIN = 0.10
@@ -268,6 +269,7 @@ def _train_learns(ns):
     return ok / 2
 
 
+#: Problem set 2 (GRPO from scratch), with its tasks, visible tests and points, registered under ``"ps2"``.
 PS2 = register_problem_set(ProblemSet(
     key="ps2",
     title="GRPO from scratch on the tiny language model",

@@ -26,6 +26,7 @@ __all__ = ["PS3", "LEARN_STEPS", "LEARN_RETURN"]
 #: The learning tests' budget (env steps at lag 0; 8 envs x 32 steps per update) and the return asked for
 #: (the mean undiscounted return of the last 20 episodes; a uniform random policy gets about 22).
 LEARN_STEPS = 6_144
+#: The return the learning tests ask for (see ``LEARN_STEPS``).
 LEARN_RETURN = 50.0
 _KEYS = ("update_shift", "update_shift_tv", "staleness", "staleness_tv", "return")
 
@@ -210,6 +211,7 @@ def _driver_learns(ns):
     return ok / 2
 
 
+#: Problem set 3 (the stale-sampler study), with its tasks, visible tests and points, registered under ``"ps3"``.
 PS3 = register_problem_set(ProblemSet(
     key="ps3",
     title="A stale-sampler study",

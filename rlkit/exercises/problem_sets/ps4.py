@@ -417,6 +417,8 @@ def t_train_learns(ns):
     return credit
 
 
+#: The visible tests of problem set 4, each with its name, task, points and test function; the
+#: hidden tests stay with the instructor.
 VISIBLE = (
     Test("adv_formula", "lagrangian_advantage", 4, t_adv_formula),
     Test("adv_limits", "lagrangian_advantage", 3, t_adv_limits),
@@ -434,6 +436,8 @@ VISIBLE = (
     Test("train_learns", "train_constrained", 10, t_train_learns, timeout=300),
 )
 
+#: Problem set 4 (Lagrangian PPO against a cost budget), with its tasks, visible tests and points,
+#: registered under ``"ps4"``.
 PS4 = register_problem_set(ProblemSet(
     key="ps4",
     title="Lagrangian PPO against a cost budget",

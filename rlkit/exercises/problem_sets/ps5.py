@@ -169,6 +169,7 @@ def _separates(diag: str, fn: str):
     return test
 
 
+#: Problem set 5 (the bug hunt), with its tasks, visible tests and points, registered under ``"ps5"``.
 PS5 = register_problem_set(ProblemSet(
     key="ps5",
     title="Bug hunt: three silent bugs in a PPO trainer",

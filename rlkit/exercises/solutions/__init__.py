@@ -31,7 +31,8 @@ import torch
 
 __all__ = ["record", "hidden_cases", "hidden_expectations", "points", "default_points", "SEED_STRIDE"]
 
-#: how far apart the seeds of two hidden seeds lie: seed s of a case generator becomes s + SEED_STRIDE * seed
+#: The stride between hidden draws. With hidden seed ``seed``, a case generator's seed ``s`` becomes
+#: ``s + SEED_STRIDE * seed``.
 SEED_STRIDE = 1_000_003
 
 
@@ -129,7 +130,7 @@ def hidden_cases(name: str, seed: int) -> list:
 
     Only the cases whose inputs differ from the visible case at the same place are kept, and only
     those the reference accepts. An exercise whose cases are a fixed list, or whose generator seeds
-    no generator, has no hidden cases (``[]``); :func:`hidden_report` lists them.
+    no generator, has no hidden cases (``[]``); ``hidden_report`` lists them.
     """
     from rlkit.exercises import call_on_case, get, identical
 
@@ -154,7 +155,7 @@ def hidden_cases(name: str, seed: int) -> list:
 
 
 def hidden_expectations(name: str, seed: int):
-    """``(cases, expected outputs, mistakes)`` for :func:`rlkit.exercises.check_on` on the hidden cases:
+    """``(cases, expected outputs, mistakes)`` for ``rlkit.exercises.check_on`` on the hidden cases:
     the reference and the registered mistakes run now, live."""
     from rlkit.exercises import call_on_case, detached_outputs, get, live_mistakes
 
@@ -229,7 +230,7 @@ def default_points(lessons: Path | None = None) -> dict[str, float]:
     return out
 
 
-def points(overrides: str | os.PathLike | dict | None = None, lessons: Path | None = None) -> dict[str, float]:
+def points(overrides: str | Path | dict | None = None, lessons: Path | None = None) -> dict[str, float]:
     """What each exercise is worth: :func:`default_points`, then ``overrides`` (a dict, or a JSON
     file holding one, from exercise names to non-negative numbers) on top. An unknown name or a bad
     value raises ``ValueError``."""
