@@ -571,6 +571,21 @@ def _signature_problem(student_fn: Callable, ex: Exercise, cases: list[Case]) ->
     return None
 
 
+def _library_problem(student_fn: Callable, ex: Exercise) -> str | None:
+    """Why ``student_fn`` does not count: it calls a library function that answers the exercise
+    outright (:data:`rlkit.exercises.library_answers.LIBRARY_ANSWERS`); None if it calls none."""
+    from rlkit.exercises.library_answers import LIBRARY_ANSWERS, library_calls
+
+    answers = LIBRARY_ANSWERS.get(ex.name)
+    if not answers:
+        return None
+    used = library_calls(student_fn, answers)
+    if not used:
+        return None
+    return (f"your function calls {' and '.join(used)}, the library's own answer to this exercise; the "
+            f"exercise asks you to write that computation yourself (other library functions are fine)")
+
+
 def detached_outputs(out):
     """``out`` with every tensor detached (what is stored and compared)."""
     if isinstance(out, torch.Tensor):
@@ -652,7 +667,7 @@ def _evaluate(student_fn: Callable, ex: Exercise, cases: list[Case], expected: l
 
     A value difference gets the cause of the registered mistake whose outputs the student's match
     on every case (``mistakes()`` gives them), if any."""
-    problem = _signature_problem(student_fn, ex, cases)
+    problem = _signature_problem(student_fn, ex, cases) or _library_problem(student_fn, ex)
     if problem is not None:
         return 0, problem
     outputs, passed, first, first_is_value = [], 0, None, False
@@ -696,8 +711,10 @@ def check(student_fn: Callable, name: str | None = None, verbose: bool = True) -
     registered at run time is compared with its reference, run now). ``cases_passed`` counts the
     cases that matched; the message reports the first case that differs (or a signature that
     cannot take the cases' arguments), what differs and its likely cause, a floating-point output
-    of another dtype than the reference's included (unless the exercise leaves it open). Prints the
-    report when ``verbose`` and returns a :class:`CheckResult` (truthy iff every case matched).
+    of another dtype than the reference's included (unless the exercise leaves it open). A function
+    that calls a library function answering its exercise outright
+    (:data:`rlkit.exercises.library_answers.LIBRARY_ANSWERS`) is refused with no case passed. Prints
+    the report when ``verbose`` and returns a :class:`CheckResult` (truthy iff every case matched).
     """
     V.is_callable(student_fn, "student_fn (your function)")
     if name is None:
