@@ -174,3 +174,28 @@ def test_the_csv_has_one_row_per_submission_and_item(graded):
 def test_grading_a_folder_stays_quick(graded):
     assert graded["seconds"] < 300, graded["seconds"]      # about 70 s on 2 busy cores (load 9)
     print(f"grade-folder: {graded['seconds']:.1f} s for 6 submissions")
+
+
+def test_the_submission_time_limit_stops_a_whole_submission(tmp_path):
+    """--submission-timeout bounds a submission, whatever the per-item limit: with an answer that never
+    returns, a 30 s item limit and a 3 s submission limit, grading ends in seconds and every item not
+    graded by then gets 0 with the submission limit as its reason."""
+    names = [ex.name for ex in exercises(CHAPTER)]
+    answers = {n: _by_reference(n) for n in names}
+    answers["reward_to_go"] = "def reward_to_go(rewards, discounts):\n    while True:\n        pass\n"
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "hangs.ipynb").write_text(json.dumps(_notebook(answers)))
+    report = tmp_path / "r.json"
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "rlkit.exercises", "grade-folder", str(tmp_path / "sub"), "--report",
+                           str(report), "--timeout", "30", "--submission-timeout", "3"],
+                          capture_output=True, text=True, timeout=300)
+    seconds = time.monotonic() - start
+    assert proc.returncode == 0, proc.stderr
+    items = _items(json.loads(report.read_text())[0])
+    assert items["reward_to_go"]["points"] == 0.0
+    limited = [n for n, i in items.items() if "submission's time limit (3 s)" in i["message"]]
+    assert "reward_to_go" in limited or "did not finish" in items["reward_to_go"]["message"]
+    after = names[names.index("reward_to_go") + 1:]
+    assert all(items[n]["points"] == 0.0 and n in limited for n in after), items
+    assert seconds < 30, f"grading took {seconds:.0f} s: the 3 s submission limit did not stop it"
