@@ -171,8 +171,10 @@ def test_the_csv_has_one_row_per_submission_and_item(graded):
     assert {row["submission_score"] for row in hang} == {str(round(graded["records"]["c_hangs.ipynb"]["score"], 6))}
 
 
-def test_grading_a_folder_stays_quick(graded):
-    assert graded["seconds"] < 300, graded["seconds"]      # about 70 s on 2 busy cores (load 9)
+def test_every_submission_of_the_folder_is_reported(graded):
+    # grading time is reported, not asserted (speed is for benchmarks): about 70 s on 2 busy cores
+    assert sorted(graded["records"]) == ["a_correct.ipynb", "b_partly.ipynb", "c_hangs.ipynb", "d_broken.ipynb",
+                                         "e_syntax.ipynb", "f_ps1.ipynb"]
     print(f"grade-folder: {graded['seconds']:.1f} s for 6 submissions")
 
 
