@@ -65,6 +65,17 @@ def nbval_runs():
     return {"runs": _RUNS, "errors": _BRIDGE_ERRORS, "cache_dir": CACHE_DIR}
 
 
+@pytest.fixture
+def one_torch_thread():
+    """Run a test with one torch thread (the problem sets' learning tests are timed on one), then restore."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session")
 def rlkit_public_modules() -> list[str]:
     """rlkit and every module under it with no name part starting with "_" that exports something
